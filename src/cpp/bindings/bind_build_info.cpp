@@ -1,0 +1,40 @@
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.h"
+#include "cpu/isa.h"
+
+namespace nb = nanobind;
+
+namespace muser::py {
+
+void bind_build_info(nb::module_& m) {
+  m.def("build_info", [] {
+    nb::dict d;
+    d["version"] = MUSER_VERSION;
+    d["cpu"] = true;
+#ifdef MUSER_HAVE_CUDA
+    d["cuda"] = true;
+#else
+    d["cuda"] = false;
+#endif
+#ifdef MUSER_HAVE_METAL
+    d["metal"] = true;
+#else
+    d["metal"] = false;
+#endif
+    nb::list isas;
+    for (auto isa : cpu::available_isas()) isas.append(cpu::isa_name(isa));
+    d["cpu_isas"] = isas;
+    d["cpu_isa_active"] = cpu::isa_name(cpu::active_isa());
+#ifdef _OPENMP
+    d["openmp"] = true;
+#else
+    d["openmp"] = false;
+#endif
+    return d;
+  }, "What this build of muser contains: backends compiled in, CPU ISA paths, version.");
+}
+
+}  // namespace muser::py

@@ -1,0 +1,11 @@
+// Each area of the engine binds itself in its own file; module.cpp calls them.
+#pragma once
+#include <nanobind/nanobind.h>
+
+namespace muser::py {
+void bind_errors(nanobind::module_& m);
+void bind_gguf(nanobind::module_& m);   // bind_gguf.cpp: muser.GGUFFile
+void bind_quant(nanobind::module_& m);  // bind_quant.cpp: quantize / dequantize
+void bind_head(nanobind::module_& m);   // bind_head.cpp: the Head engine
+void bind_build_info(nanobind::module_& m);
+}  // namespace muser::py
