@@ -1,17 +1,31 @@
 """muser: the head of a GGUF language model — final norm, quantized LM head,
 logit scale and soft cap — on CPU, CUDA and Metal, with zero-copy numpy logits.
+
+>>> head = muser.Head.load("model.gguf", device="cpu", route="graph")
+>>> logits = head(hidden)            # float32 [H] -> [V], a view of the head's buffer
 """
 from __future__ import annotations
 
-from . import _core
-from ._core import DeviceError, Error, GGUFError, SpecError, build_info
+from . import _core, ops
+from ._core import GGUFFile, build_info
+from ._quant import dequantize, quantize
+from .errors import DeviceError, Error, GGUFError, NonFiniteError, SpecError
+from .head import Head, HeadSpec, NodeProfile
 
-__version__ = build_info()["version"]
+__version__: str = build_info()["version"]
 
 __all__ = [
+    "Head",
+    "HeadSpec",
+    "NodeProfile",
+    "GGUFFile",
+    "quantize",
+    "dequantize",
+    "ops",
+    "build_info",
     "Error",
     "GGUFError",
     "SpecError",
     "DeviceError",
-    "build_info",
+    "NonFiniteError",
 ]

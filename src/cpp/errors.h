@@ -22,6 +22,10 @@ struct SpecError : Error {
 struct DeviceError : Error {
   using Error::Error;
 };
+// A hidden state holding NaN or +-inf (Python: muser.NonFiniteError, also a ValueError).
+struct NonFiniteError : Error {
+  using Error::Error;
+};
 // Caller mistakes the bindings map to TypeError / ValueError.
 struct ArgTypeError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
