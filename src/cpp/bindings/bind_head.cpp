@@ -47,6 +47,8 @@ std::string shape_str(const AnyArray& a) {
 }
 
 bool c_contiguous(const AnyArray& a, size_t itemsize) {
+  for (size_t i = 0; i < a.ndim(); ++i)
+    if (a.shape(i) == 0) return true;  // empty: strides are meaningless
   int64_t expect = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
     if (a.shape(i) != 1 && a.stride(i) != expect) return false;

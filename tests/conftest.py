@@ -1,0 +1,37 @@
+"""Shared fixtures: small real GGUF heads written with the gguf package."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from muser.fixtures import write_head_gguf
+
+
+@pytest.fixture(scope="session")
+def head_file(tmp_path_factory):
+    """Factory: head_file(**kwargs) -> path of a GGUF head (cached per kwargs)."""
+    cache: dict = {}
+    base = tmp_path_factory.mktemp("heads")
+
+    def make(**kw) -> str:
+        key = tuple(sorted((k, repr(v)) for k, v in kw.items()))
+        if key not in cache:
+            path = os.path.join(base, f"head{len(cache)}.gguf")
+            cache[key] = write_head_gguf(path, **kw)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def hidden_states(rng: np.random.Generator, t: int, h: int) -> np.ndarray:
+    """Hidden states with a trained model's spread: mostly small, a few large features."""
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    x[:, rng.integers(0, h, size=max(1, h // 64))] *= 20
+    return x
