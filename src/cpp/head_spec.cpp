@@ -41,23 +41,24 @@ struct ArchRule {
   bool always_tied;                // head is token_embd.weight even if output.weight exists
   ScaleMode scale_mode;
   bool scale_required;             // fail closed when the scale key is absent
-  bool scale_zero_means_none;      // command-r: multiply only when non-zero
+  bool scale_zero_means_none;      // command-r, granite: scale only when non-zero
+  float scale_default;             // used when the key is absent; 0 = no scale
   bool has_softcap;
   float softcap_default;           // used when the key is absent; 0 = none
 };
 
 const std::map<std::string, ArchRule>& rules() {
   static const std::map<std::string, ArchRule> r = {
-      {"muse-glimmer", {NormKind::Rms, "attention.layer_norm_rms_epsilon", false, ScaleMode::Multiply, true, false, true, 30.0f}},
-      {"gemma2", {NormKind::Rms, "attention.layer_norm_rms_epsilon", true, ScaleMode::None, false, false, true, 30.0f}},
-      {"gemma3", {NormKind::Rms, "attention.layer_norm_rms_epsilon", true, ScaleMode::None, false, false, false, 0.0f}},
-      {"llama", {NormKind::Rms, "attention.layer_norm_rms_epsilon", false, ScaleMode::None, false, false, false, 0.0f}},
-      {"qwen2", {NormKind::Rms, "attention.layer_norm_rms_epsilon", false, ScaleMode::None, false, false, false, 0.0f}},
-      {"qwen3", {NormKind::Rms, "attention.layer_norm_rms_epsilon", false, ScaleMode::None, false, false, false, 0.0f}},
-      {"command-r", {NormKind::Layer, "attention.layer_norm_epsilon", true, ScaleMode::Multiply, false, true, false, 0.0f}},
-      {"cohere2", {NormKind::Layer, "attention.layer_norm_epsilon", true, ScaleMode::Multiply, false, true, false, 0.0f}},
-      {"granite", {NormKind::Rms, "attention.layer_norm_rms_epsilon", false, ScaleMode::Divide, false, false, false, 0.0f}},
-      {"grok", {NormKind::Rms, "attention.layer_norm_rms_epsilon", false, ScaleMode::Multiply, false, false, true, 0.0f}},
+      {"muse-glimmer", {NormKind::Rms, "attention.layer_norm_rms_epsilon", false, ScaleMode::Multiply, true, false, 0.0f, true, 30.0f}},
+      {"gemma2", {NormKind::Rms, "attention.layer_norm_rms_epsilon", true, ScaleMode::None, false, false, 0.0f, true, 30.0f}},
+      {"gemma3", {NormKind::Rms, "attention.layer_norm_rms_epsilon", true, ScaleMode::None, false, false, 0.0f, false, 0.0f}},
+      {"llama", {NormKind::Rms, "attention.layer_norm_rms_epsilon", false, ScaleMode::None, false, false, 0.0f, false, 0.0f}},
+      {"qwen2", {NormKind::Rms, "attention.layer_norm_rms_epsilon", false, ScaleMode::None, false, false, 0.0f, false, 0.0f}},
+      {"qwen3", {NormKind::Rms, "attention.layer_norm_rms_epsilon", false, ScaleMode::None, false, false, 0.0f, false, 0.0f}},
+      {"command-r", {NormKind::Layer, "attention.layer_norm_epsilon", true, ScaleMode::Multiply, false, true, 0.0f, false, 0.0f}},
+      {"cohere2", {NormKind::Layer, "attention.layer_norm_epsilon", true, ScaleMode::Multiply, false, true, 0.0f, false, 0.0f}},
+      {"granite", {NormKind::Rms, "attention.layer_norm_rms_epsilon", false, ScaleMode::Divide, false, true, 0.0f, false, 0.0f}},
+      {"grok", {NormKind::Rms, "attention.layer_norm_rms_epsilon", false, ScaleMode::Multiply, false, false, 0.5773502691896257f, true, 0.0f}},
   };
   return r;
 }
@@ -191,12 +192,14 @@ HeadSpec read_head_spec(const GGUFFile& f, const SpecOverrides& ov) {
     if (f.find(skey)) {
       const double v = number_key(f, skey);
       if (!std::isfinite(v)) fail(f, "metadata key '" + skey + "' must be finite");
-      if (s.scale_mode == ScaleMode::Divide && v == 0) fail(f, "metadata key '" + skey + "' must be non-zero (granite divides by it)");
       s.logit_scale = (float)v;
       s.logit_scale_source = skey;
       if (rule.scale_zero_means_none && v == 0) s.scale_mode = ScaleMode::None;
     } else if (rule.scale_required) {
       fail(f, "missing metadata key '" + skey + "' (required for " + s.arch + "; muser fails closed)");
+    } else if (rule.scale_default != 0.0f) {
+      s.logit_scale = rule.scale_default;
+      s.logit_scale_source = "default (llama.cpp)";
     } else {
       s.scale_mode = ScaleMode::None;
       s.logit_scale_source = "absent";
