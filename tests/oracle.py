@@ -22,10 +22,19 @@ def tanhf(x: np.ndarray) -> np.ndarray:
 
 
 def weight_f64(path: str, name: str) -> np.ndarray:
-    r = gguf.GGUFReader(path)
-    t = next(t for t in r.tensors if t.name == name)
-    return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64).reshape(
-        [int(d) for d in reversed(t.shape)])
+    """A tensor decoded by gguf's own dequantization (its bytes located by
+    muser.GGUFFile, which tests/test_gguf.py checks against gguf.GGUFReader;
+    GGUFReader itself takes ~10 s on a 262k-token vocabulary)."""
+    import muser
+    t = muser.GGUFFile(path).tensor(name)
+    raw = muser.GGUFFile(path).tensor_bytes(name)
+    qtype = gguf.GGMLQuantizationType[t.type]
+    shape = list(reversed(t.shape))
+    if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+        dt = np.float32 if qtype == gguf.GGMLQuantizationType.F32 else np.float16
+        return np.frombuffer(raw, dtype=dt).astype(np.float64).reshape(shape)
+    rows = raw.reshape(shape[0] if len(shape) == 2 else 1, -1)
+    return gguf.quants.dequantize(rows, qtype).astype(np.float64).reshape(shape)
 
 
 def head_f64(path: str, spec, hidden: np.ndarray) -> np.ndarray:

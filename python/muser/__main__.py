@@ -128,7 +128,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         mod.add_parser(sub)
 
     args = p.parse_args(argv)
-    return int(args.fn(args) or 0)
+    from muser import Error
+    try:
+        return int(args.fn(args) or 0)
+    except (Error, OSError) as e:
+        # a bad file or device is the user's to fix: say what, not where in muser
+        print(f"muser: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
