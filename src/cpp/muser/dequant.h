@@ -56,21 +56,50 @@ MUSER_HD int q6k_quant(const BlockQ6_K& b, int i) {
   return (low | (high << 4)) - 32;
 }
 
+// The block decoders walk the layout in its natural order (a qs byte feeds
+// elements 64c+l and 64c+32+l) so that compilers vectorize them; their values
+// are exactly q5k_quant/q4k_quant/q6k_quant's, element by element (tested).
 MUSER_HD void dequant_block_q5_k(const BlockQ5_K& b, float* out /*256*/) {
   float d1[8], m1[8];
   kquant_sub_scales(b.scales, b.d, b.dmin, d1, m1);
-  for (int i = 0; i < kQK_K; ++i) out[i] = d1[i >> 5] * (float)q5k_quant(b, i) - m1[i >> 5];
+  for (int c = 0; c < 4; ++c) {
+    const uint8_t* qs = b.qs + 32 * c;
+    for (int l = 0; l < 32; ++l) {
+      const int lo = (qs[l] & 0xF) | (((b.qh[l] >> (2 * c)) & 1) << 4);
+      const int hi = (qs[l] >> 4) | (((b.qh[l] >> (2 * c + 1)) & 1) << 4);
+      out[64 * c + l] = d1[2 * c] * (float)lo - m1[2 * c];
+      out[64 * c + 32 + l] = d1[2 * c + 1] * (float)hi - m1[2 * c + 1];
+    }
+  }
 }
 
 MUSER_HD void dequant_block_q4_k(const BlockQ4_K& b, float* out /*256*/) {
   float d1[8], m1[8];
   kquant_sub_scales(b.scales, b.d, b.dmin, d1, m1);
-  for (int i = 0; i < kQK_K; ++i) out[i] = d1[i >> 5] * (float)q4k_quant(b, i) - m1[i >> 5];
+  for (int c = 0; c < 4; ++c) {
+    const uint8_t* qs = b.qs + 32 * c;
+    for (int l = 0; l < 32; ++l) {
+      out[64 * c + l] = d1[2 * c] * (float)(qs[l] & 0xF) - m1[2 * c];
+      out[64 * c + 32 + l] = d1[2 * c + 1] * (float)(qs[l] >> 4) - m1[2 * c + 1];
+    }
+  }
 }
 
 MUSER_HD void dequant_block_q6_k(const BlockQ6_K& b, float* out /*256*/) {
   const float d = f16_to_f32(b.d);
-  for (int i = 0; i < kQK_K; ++i) out[i] = (d * (float)b.scales[i >> 4]) * (float)q6k_quant(b, i);
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* ql = b.ql + 64 * half;
+    const uint8_t* qh = b.qh + 32 * half;
+    const int8_t* sc = b.scales + 8 * half;
+    float* y = out + 128 * half;
+    for (int l = 0; l < 32; ++l) {
+      const int s = l >> 4;
+      y[l] = (d * (float)sc[s]) * (float)(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+      y[l + 32] = (d * (float)sc[s + 2]) * (float)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+      y[l + 64] = (d * (float)sc[s + 4]) * (float)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+      y[l + 96] = (d * (float)sc[s + 6]) * (float)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+    }
+  }
 }
 
 MUSER_HD void dequant_block_q8_0(const BlockQ8_0& b, float* out /*32*/) {
