@@ -128,56 +128,45 @@ def test_bad_metadata_names_the_key(tmp_path, kw, match):
         _spec(tmp_path, **kw)
 
 
-def _write_raw(path, arch="muse-glimmer", hidden=256, norm_len=256, scale="0.196116", out_name="output.weight"):
+def _write_file(path, arch, tensors, metadata=()):
+    """A hand-made GGUF: embedding length 256, an rms eps, the given extra
+    metadata (key, kind, value) and tensors (name, array[, raw_dtype])."""
     import gguf
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_uint32(f"{arch}.embedding_length", hidden)
+    w.add_uint32(f"{arch}.embedding_length", 256)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
-    if scale is not None:
-        w.add_string(f"{arch}.logit_scale", scale)  # wrong type: a string
-    w.add_tensor("output_norm.weight", np.ones(norm_len, dtype=np.float32))
-    w.add_tensor(out_name, np.zeros((8, hidden), dtype=np.float32))
+    for key, kind, value in metadata:
+        getattr(w, f"add_{kind}")(key, value)
+    for name, array, *raw in tensors:
+        w.add_tensor(name, array, raw_dtype=raw[0] if raw else None)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     return str(path)
 
 
+NORM = ("output_norm.weight", np.ones(256, dtype=np.float32))
+HEAD = ("output.weight", np.zeros((8, 256), dtype=np.float32))
+
+
 def test_key_of_the_wrong_type_is_named(tmp_path):
+    path = _write_file(tmp_path / "a.gguf", "muse-glimmer", [NORM, HEAD],
+                       [("muse-glimmer.logit_scale", "string", "0.196116")])
     with pytest.raises(muser.SpecError, match="muse-glimmer.logit_scale.*number"):
-        muser.Head.load(_write_raw(tmp_path / "a.gguf"))
+        muser.Head.load(path)
 
 
 def test_norm_length_must_equal_hidden_size(tmp_path):
-    import gguf
-    path = tmp_path / "n.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_uint32("llama.embedding_length", 256)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_tensor("output_norm.weight", np.ones(128, dtype=np.float32))
-    w.add_tensor("output.weight", np.zeros((8, 256), dtype=np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    path = _write_file(tmp_path / "n.gguf", "llama", [("output_norm.weight", np.ones(128, dtype=np.float32)), HEAD])
     with pytest.raises(muser.SpecError, match="output_norm.weight.*128.*256"):
         muser.Head.load(path)
 
 
 def test_missing_tensor_and_unsupported_head_type_are_named(tmp_path):
     import gguf
-    path = tmp_path / "m.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_uint32("llama.embedding_length", 256)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_tensor("output_norm.weight", np.ones(256, dtype=np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     with pytest.raises(muser.SpecError, match="missing tensor 'token_embd.weight'"):
-        muser.Head.load(path)
-    path2 = tmp_path / "q.gguf"
-    w = gguf.GGUFWriter(str(path2), "llama")
-    w.add_uint32("llama.embedding_length", 256)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_tensor("output_norm.weight", np.ones(256, dtype=np.float32))
-    w.add_tensor("output.weight", np.zeros((8, 8 * 18), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q4_0)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+        muser.Head.load(_write_file(tmp_path / "m.gguf", "llama", [NORM]))
+    q4_0 = ("output.weight", np.zeros((8, 8 * 18), dtype=np.uint8), gguf.GGMLQuantizationType.Q4_0)
     with pytest.raises(muser.SpecError, match="Q4_0"):
-        muser.Head.load(path2)
+        muser.Head.load(_write_file(tmp_path / "q.gguf", "llama", [NORM, q4_0]))
 
 
 def test_f16_norm_weight_is_accepted(tmp_path, rng):
