@@ -10,6 +10,7 @@ from . import _core, ops
 from ._core import GGUFFile, build_info
 from ._quant import dequantize, quantize
 from .errors import DeviceError, Error, GGUFError, NonFiniteError, SpecError
+from .compare import BoundedLogitPolicy, CompareResult, compare
 from .head import Head, HeadSpec, NodeProfile
 
 __version__: str = build_info()["version"]
@@ -22,6 +23,7 @@ __all__ = [
     "quantize",
     "dequantize",
     "ops",
+    "compare", "CompareResult", "BoundedLogitPolicy",
     "build_info",
     "Error",
     "GGUFError",
