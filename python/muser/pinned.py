@@ -55,6 +55,12 @@ def _get(spec: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
 
 
 def _tensor_entry(gguf_file: Any, name: str) -> Any:
+    getter = getattr(gguf_file, "tensor", None)
+    if callable(getter):
+        try:
+            return getter(name)
+        except Exception as e:  # muser.GGUFFile raises a GGUFError/KeyError naming the tensor
+            raise Error(f"{getattr(gguf_file, 'path', 'GGUF file')}: no tensor named {name!r} ({e})") from e
     tensors = gguf_file.tensors
     if isinstance(tensors, Mapping):
         if name in tensors:
@@ -67,7 +73,7 @@ def _tensor_entry(gguf_file: Any, name: str) -> Any:
 
 
 def _entry_type(entry: Any) -> Any:
-    for attr in ("type", "ggml_type", "dtype"):
+    for attr in ("type_id", "type", "ggml_type", "dtype"):
         v = getattr(entry, attr, None)
         if v is not None:
             return v
