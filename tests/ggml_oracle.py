@@ -151,3 +151,28 @@ def activation_error_bound(w: np.ndarray, type_name: str, normed: np.ndarray, sc
     wabs = np.abs(g.to_float(w, type_name, w.shape[0] * n).reshape(w.shape[0], n)).astype(np.float64)
     bound = 0.6 * step @ wabs.T + 1e-5 * np.abs(x) @ wabs.T + 1e-6
     return bound * abs(float(scale))
+
+
+def emulated_q8_logits(w: np.ndarray, type_name: str, normed: np.ndarray, scale: float, cap: float,
+                       chunk: int = 16384) -> np.ndarray:
+    """ggml's head math evaluated exactly: ``normed`` quantized by ggml-cpu's own
+    ``from_float`` to the weight type's ``vec_dot_type``, decoded, dotted with the
+    decoded weight rows in float64 (every product of two short-mantissa values is
+    exact), then scale and cap in float64. Only ggml's f32 block-sum rounding is
+    left between this and llama.cpp. ``w`` is uint8 [rows, row_bytes]."""
+    import muser
+
+    g = ggml()
+    vdt = g.vec_dot_type(type_name)
+    n = normed.shape[-1]
+    xq = g.cpu_from_float(np.atleast_2d(normed), vdt.id)
+    x = np.stack([g.to_float(r, vdt.id, n) for r in xq]).astype(np.float64)
+    out = np.empty((x.shape[0], w.shape[0]), np.float64)
+    for r0 in range(0, w.shape[0], chunk):
+        part = np.ascontiguousarray(w[r0:r0 + chunk])
+        out[:, r0:r0 + part.shape[0]] = x @ muser.dequantize(part, type_name, (part.shape[0], n)).astype(np.float64).T
+    out *= np.float64(np.float32(scale))
+    if cap:
+        c = np.float64(np.float32(cap))
+        out = c * np.tanh(out / c)
+    return out.astype(np.float32)

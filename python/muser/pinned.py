@@ -39,7 +39,22 @@ import numpy as np
 from . import _ggml
 from ._core import Error
 
-__all__ = ["PinnedHead", "capture_llama_cpp", "Capture", "ggml_version"]
+__all__ = ["PinnedHead", "capture_llama_cpp", "Capture", "ggml_version", "PARITY_PROMPTS"]
+
+#: The varied prompts the real-model parity test and bench/parity_real_model.py run
+#: (prose, code, numbers, Spanish, Japanese, HTML, SQL, a question).
+PARITY_PROMPTS: tuple[str, ...] = (
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "1, 1, 2, 3, 5, 8, 13, 21,",
+    "Once upon a time, in a kingdom far away, there lived a",
+    "El perro corre por el parque y",
+    "Q: What is 17 times 23?\nA:",
+    "<html><body><h1>Hello",
+    "The mitochondria is the powerhouse of the",
+    "日本の首都は",
+    "SELECT name, COUNT(*) FROM users GROUP BY",
+)
 
 
 def ggml_version() -> str:
