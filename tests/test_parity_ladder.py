@@ -323,3 +323,90 @@ def test_rung5_q8_activations_match_pinned(g, heads, hidden5, type_name):
     delta = np.abs(ours.astype(np.float64) - ref)
     assert delta.max() <= 1e-4 * max(1.0, float(np.abs(ref).max()))
     np.testing.assert_array_equal(ours.argmax(1), ref.argmax(1))
+
+
+# ---------------------------------------------------------------------------
+# the pinned route itself: llama.cpp's graph per architecture
+
+ARCHS = {
+    # arch: (write_head_gguf kwargs, expected ggml nodes)
+    "muse-glimmer": (dict(logit_scale=0.196116, softcap=20.0),
+                     ["RMS_NORM", "MUL", "MUL_MAT", "SCALE", "SCALE", "UNARY", "SCALE"]),
+    "gemma2": (dict(tied=True, logit_scale=None, softcap=None),  # llama.cpp's default cap 30
+               ["RMS_NORM", "MUL", "MUL_MAT", "SCALE", "UNARY", "SCALE"]),
+    "llama": (dict(logit_scale=None, softcap=None), ["RMS_NORM", "MUL", "MUL_MAT"]),
+    "command-r": (dict(tied=True, logit_scale=0.0625, softcap=None), ["NORM", "MUL", "MUL_MAT", "SCALE"]),
+    "granite": (dict(logit_scale=8.0, softcap=None), ["RMS_NORM", "MUL", "MUL_MAT", "SCALE"]),
+    "grok": (dict(logit_scale=None, softcap=None), ["RMS_NORM", "MUL", "MUL_MAT", "SCALE"]),
+}
+
+
+@pytest.fixture(scope="module")
+def arch_heads(tmp_path_factory):
+    from muser.fixtures import write_head_gguf
+
+    d = tmp_path_factory.mktemp("archs")
+    return {a: write_head_gguf(d / f"{a}.gguf", arch=a, hidden=512, vocab=1000, weight_type="Q8_0", seed=9, **kw)
+            for a, (kw, _) in ARCHS.items()}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_pinned_builds_llamas_graph_for_each_architecture(g, arch_heads, arch, rng):
+    from ggml_oracle import emulated_q8_logits
+
+    path = arch_heads[arch]
+    head = muser.Head.load(path, route="pinned", threads=2)
+    pinned = head._pinned
+    assert pinned.graph_ops() == ARCHS[arch][1]
+    s = head.spec
+    f = muser.GGUFFile(path)
+    gamma = np.asarray(f.tensor_bytes(s.norm_weight)).view(np.float32)
+    x = hidden_states(rng, 4, 512)
+    normed = rms_norm_mul(x, gamma, s.eps) if s.norm == "rms" else layer_norm_mul(x, gamma, s.eps)
+    if s.norm_bias:
+        normed = normed + np.asarray(f.tensor_bytes(s.norm_bias)).view(np.float32)
+    w = np.asarray(f.tensor_bytes(s.output_weight)).reshape(s.vocab_size, -1)
+    expect = emulated_q8_logits(w, "Q8_0", normed, s.applied_scale, s.softcap or 0.0)
+    got = np.stack([head(r) for r in x])
+    np.testing.assert_allclose(got, expect, rtol=2e-6, atol=2e-6 * float(np.abs(expect).max()))
+    if arch == "granite":  # divides: multiplies by 1/s rounded to f32, as llama.cpp's C does
+        assert s.applied_scale == np.float32(1) / np.float32(8.0)
+
+
+def test_pinned_weight_is_used_in_place(g, heads):
+    head = muser.Head.load(heads["Q5_K"], route="pinned", threads=2)
+    p = head._pinned
+    assert p._w.ctypes.data == np.asarray(p._file.tensor_bytes(p.weight_name)).ctypes.data  # no copy
+    assert p.ggml_version.startswith("ggml ") and "llama-cpp-python" in p.ggml_version
+    assert p.ggml_info["ggml_version"] == g.version
+
+
+def test_pinned_shapes_and_errors(g, heads, hidden5):
+    head = muser.Head.load(heads["Q8_0"], route="pinned", threads=2)
+    p = head._pinned
+    one = p(hidden5[0])
+    assert one.shape == (4096,) and one.dtype == np.float32
+    np.testing.assert_array_equal(p(hidden5[:1])[0], one)
+    assert p(hidden5[:0]).shape == (0, 4096)
+    with pytest.raises(muser.Error, match="float32"):
+        p(hidden5.astype(np.float64))
+    with pytest.raises(muser.Error, match=r"\[t, 1024\]"):
+        p(hidden5[:, :512])
+    chunked = type(p)(p._file, p.spec, threads=1, chunk_rows=5)(hidden5)
+    np.testing.assert_array_equal(chunked[:5], p(hidden5[:5]))
+
+
+def test_pinned_without_llama_cpp_is_a_clear_error(tmp_path, heads):
+    """No llama-cpp-python (or no ggml where MUSER_GGML_LIB_DIR points): muser.Error, not a crash."""
+    import subprocess
+    import sys
+
+    code = ("import muser\n"
+            "try:\n"
+            f"    muser.Head.load({str(heads['Q8_0'])!r}, route='pinned')\n"
+            "except muser.Error as e:\n"
+            "    print('ERR', e)\n")
+    env = dict(__import__("os").environ, MUSER_GGML_LIB_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ERR") and "libggml-base" in out.stdout
