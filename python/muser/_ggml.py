@@ -190,6 +190,7 @@ _SIGNATURES: dict[str, tuple[str, Any, list[Any]]] = {
         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]),
     "ggml_quantize_requires_imatrix": ("base", ctypes.c_bool, [ctypes.c_int]),
     "ggml_get_type_traits": ("base", ctypes.c_void_p, [ctypes.c_int]),
+    "ggml_backend_tensor_get": ("base", None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]),
     "ggml_cpu_init": ("cpu", None, []),
     "ggml_get_type_traits_cpu": ("cpu", ctypes.POINTER(TypeTraitsCpu), [ctypes.c_int]),
     "ggml_graph_plan": ("cpu", CPlan, [c_graph_p, ctypes.c_int, ctypes.c_void_p]),

@@ -109,6 +109,11 @@ def load_source(src: Source, *, route: str | None = None, device: str | None = N
         label = f"{path}:{kw['route']}@{kw['device']}" + (f" acts={acts}" if acts else "")
         return _Src(label, fn=head)
     if callable(src):
+        path, route = getattr(src, "path", None), getattr(src, "route", None)
+        if isinstance(path, str) and isinstance(route, str):  # a muser.Head
+            label = f"{path}:{route}@{getattr(src, 'device', '?')}"
+            acts = getattr(src, "acts", "f32")
+            return _Src(label + (f" acts={acts}" if acts != "f32" else ""), fn=src)
         return _Src(getattr(src, "__name__", None) or type(src).__name__, fn=src)
     raise Error(f"cannot compare a {type(src).__name__}: expected a Head, a callable, "
                 "an ndarray of logits, or a .npy/.npz/.gguf path")

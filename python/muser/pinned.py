@@ -134,7 +134,8 @@ class PinnedHead:
         self._g = g
         self._file = gguf_file
         self.spec = dict(spec)
-        self.threads = threads if threads is None else _ggml._threads(threads)
+        # None or 0: every CPU this process may use (muser.Head's convention for 0)
+        self.threads = _ggml._threads(threads) if threads else None
         if chunk_rows is not None and int(chunk_rows) < 1:
             raise Error(f"chunk_rows must be >= 1; got {chunk_rows}")
         self.chunk_rows = chunk_rows
@@ -349,6 +350,7 @@ def capture_llama_cpp(model_path: str, prompts: Sequence[str], *, n_threads: int
         n_vocab = lc.llama_vocab_n_tokens(vocab)
         want = (layer_tensor or f"l_out-{n_layer - 1}").encode()
         grabbed: list[np.ndarray] = []
+        bad: list[str] = []
 
         def cb(t_ptr: int, ask: bool, _user: int) -> bool:
             t = ctypes.cast(t_ptr, _ggml.TensorP).contents
@@ -356,12 +358,15 @@ def capture_llama_cpp(model_path: str, prompts: Sequence[str], *, n_threads: int
                 return False
             if ask:
                 return True
-            if t.type != 0 or t.ne[0] != n_embd or t.nb[0] != 4:
-                return True
             rows = int(t.ne[1] * t.ne[2] * t.ne[3])
-            # the CPU backend keeps tensor data in host memory
-            buf = (ctypes.c_float * (rows * n_embd)).from_address(t.data)
-            grabbed.append(np.ctypeslib.as_array(buf).reshape(rows, n_embd).copy())
+            if t.type != 0 or t.ne[0] != n_embd or t.nb[0] != 4 or t.nb[1] != 4 * n_embd:
+                bad.append(f"{want.decode()} is not a contiguous f32 [n_tokens, {n_embd}] tensor "
+                           f"(type {t.type}, ne {list(t.ne)}, nb {list(t.nb)})")
+                return True
+            out = np.empty((rows, n_embd), np.float32)
+            # through the backend, so a GPU-resident tensor would be copied too
+            g.ggml_backend_tensor_get(t_ptr, out.ctypes.data, 0, out.nbytes)
+            grabbed.append(out)
             return True
 
         cb_c = lc.ggml_backend_sched_eval_callback(cb)
@@ -404,6 +409,8 @@ def capture_llama_cpp(model_path: str, prompts: Sequence[str], *, n_threads: int
                         raise Error(f"llama_decode returned {rc} on prompt {i}")
                 finally:
                     lc.llama_batch_free(batch)
+                if bad:
+                    raise Error(bad[0])
                 if not grabbed:
                     raise Error(f"the eval callback never saw {want.decode()!r}")
                 h = np.concatenate(grabbed, axis=0)
