@@ -1,12 +1,391 @@
-// Temporary: the CUDA device is being written (issue 5); until it lands a
-// CUDA build reports the backend as unavailable rather than failing to link.
-#include <memory>
+// The CUDA device: weights uploaded (and repacked) once at load, one stream
+// per device, nodes launched in route order on that stream (stream order is
+// the barrier between dependent nodes), CUDA events around each node when a
+// profile is asked for, pinned host memory for the logits the Head returns.
+//
+// The stream is a blocking one: it waits for work queued on the legacy
+// default stream, where PyTorch and CuPy put their work unless told
+// otherwise, so a device hidden state they just wrote is complete before our
+// first kernel reads it. Every call ends with a stream synchronize, so
+// returned device logits are ready for any consumer.
+#include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_check.h"
+#include "cuda_device.h"
 #include "device.h"
 #include "errors.h"
+#include "kernels.h"
+#include "muser/quant_blocks.h"
 
 namespace muser {
-std::unique_ptr<Device> make_cuda_device(int, int) {
-  throw DeviceError("device 'cuda': the CUDA device is not implemented in this build yet");
+
+namespace cuda {
+
+namespace {
+
+std::string with_commas(size_t v) {
+  std::string s = std::to_string(v);
+  for (int i = (int)s.size() - 3; i > 0; i -= 3) s.insert((size_t)i, ",");
+  return s;
 }
+
+}  // namespace
+
+[[noreturn]] void throw_cuda_error(cudaError_t err, const std::string& what) {
+  (void)cudaGetLastError();  // clear a non-sticky error so the device stays usable
+  throw DeviceError("CUDA error in " + what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+void* device_alloc(size_t bytes, const char* what, int ordinal) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+  if (err == cudaSuccess) return p;
+  (void)cudaGetLastError();
+  if (err == cudaErrorMemoryAllocation) {
+    size_t free_b = 0, total_b = 0;
+    const bool info = cudaMemGetInfo(&free_b, &total_b) == cudaSuccess;
+    (void)cudaGetLastError();
+    throw DeviceError("out of device memory on cuda:" + std::to_string(ordinal) + " allocating " + with_commas(bytes) +
+                      " bytes for " + what +
+                      (info ? " (" + with_commas(free_b) + " of " + with_commas(total_b) + " bytes free)" : ""));
+  }
+  throw_cuda_error(err, std::string("cudaMalloc(") + with_commas(bytes) + " bytes for " + what + ")");
+}
+
+DeviceScope::DeviceScope(int ordinal) {
+  int cur = -1;
+  if (cudaGetDevice(&cur) == cudaSuccess && cur != ordinal) {
+    if (cudaSetDevice(ordinal) == cudaSuccess) previous_ = cur;
+  }
+  (void)cudaGetLastError();
+}
+
+DeviceScope::~DeviceScope() {
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+}
+
+DeviceMemory::DeviceMemory(size_t n, int dev, const char* what) : bytes(n), ordinal(dev) {
+  DeviceScope scope(dev);
+  ptr = device_alloc(n, what, dev);
+}
+
+DeviceMemory::~DeviceMemory() {
+  if (!ptr) return;
+  DeviceScope scope(ordinal);
+  (void)cudaFree(ptr);  // may fail at interpreter exit once the runtime is unloading: nothing to do then
+  (void)cudaGetLastError();
+}
+
+int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::string no_device_reason() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  (void)cudaGetLastError();
+  if (err != cudaSuccess) return std::string("no CUDA device is visible (") + cudaGetErrorName(err) + ": " +
+                                 cudaGetErrorString(err) + ")";
+  if (n == 0) return "no CUDA device is visible (the driver reports 0 devices)";
+  return "";
+}
+
+int pointer_device(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ? attr.device : -1;
+}
+
+std::string device_description(int ordinal) {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %d SMs, %.1f GiB)", prop.name, prop.major, prop.minor,
+                prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+void copy_to_host(const void* src, void* dst, size_t bytes) {
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
+}
+
+std::vector<double> read_bandwidth_seconds(size_t nbytes, int iters, int ordinal) {
+  if (iters < 1) throw ArgValueError("iters must be >= 1, got " + std::to_string(iters));
+  if (nbytes < 16) throw ArgValueError("nbytes must be >= 16, got " + std::to_string(nbytes));
+  DeviceScope scope(ordinal);
+  nbytes &= ~(size_t)15;
+  DeviceMemory buf(nbytes, ordinal, "the read-bandwidth buffer");
+  const int sink_words = read_bandwidth_sink_words(ordinal);
+  DeviceMemory sink((size_t)sink_words * 4, ordinal, "the read-bandwidth sink");
+  check(cudaMemset(buf.ptr, 0x5A, nbytes), "cudaMemset(read-bandwidth buffer)");  // not zeros: see METHOD.md
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  std::vector<double> seconds;
+  try {
+    check(cudaEventCreate(&start), "cudaEventCreate");
+    check(cudaEventCreate(&stop), "cudaEventCreate");
+    for (int i = 0; i < 2; ++i) read_bandwidth(buf.ptr, nbytes, static_cast<unsigned*>(sink.ptr), sink_words, stream);
+    for (int i = 0; i < iters; ++i) {
+      check(cudaEventRecord(start, stream), "cudaEventRecord");
+      read_bandwidth(buf.ptr, nbytes, static_cast<unsigned*>(sink.ptr), sink_words, stream);
+      check(cudaEventRecord(stop, stream), "cudaEventRecord");
+      check(cudaEventSynchronize(stop), "read_bandwidth (synchronize)");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+      seconds.push_back(ms * 1e-3);
+    }
+  } catch (...) {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    cudaStreamDestroy(stream);
+    throw;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(stream);
+  return seconds;
+}
+
+namespace {
+
+// A device buffer that grows (never shrinks) to the largest call seen.
+struct Scratch {
+  std::shared_ptr<DeviceMemory> mem;
+  void* ensure(size_t bytes, int ordinal, const char* what) {
+    if (!mem || mem->bytes < bytes) {
+      mem.reset();  // free first: the old contents are not needed
+      mem = std::make_shared<DeviceMemory>(bytes, ordinal, what);
+    }
+    return mem->ptr;
+  }
+};
+
+class CudaDeviceImpl final : public CudaDevice {
+ public:
+  explicit CudaDeviceImpl(int ordinal) : ordinal_(ordinal) {
+    DeviceScope scope(ordinal_);
+    check(cudaSetDevice(ordinal_), "cudaSetDevice");
+    check(cudaStreamCreate(&stream_), "cudaStreamCreate");
+  }
+
+  ~CudaDeviceImpl() override {
+    DeviceScope scope(ordinal_);
+    for (auto& e : events_) {
+      cudaEventDestroy(e.first);
+      cudaEventDestroy(e.second);
+    }
+    if (stream_) cudaStreamDestroy(stream_);
+    (void)cudaGetLastError();
+  }
+
+  std::string name() const override { return "cuda:" + std::to_string(ordinal_); }
+  int ordinal() const override { return ordinal_; }
+
+  void prepare(const HeadSpec& spec, const HeadWeights& w) override {
+    DeviceScope scope(ordinal_);
+    if (!matvec_supports(w.output.type))
+      throw DeviceError(std::string("device '") + name() + "': no CUDA kernel for LM-head weight type " +
+                        (type_traits(w.output.type).name ? type_traits(w.output.type).name : "?"));
+    spec_ = spec;
+    out_ = w.output;
+    const size_t wbytes = (size_t)out_.row_bytes * (size_t)out_.rows;
+    weight_ = std::make_unique<DeviceMemory>(wbytes, ordinal_, "the LM-head weight");
+    check(cudaMemcpy(weight_->ptr, out_.data, wbytes, cudaMemcpyHostToDevice), "upload of the LM-head weight");
+    repack_weight(static_cast<uint8_t*>(weight_->ptr), out_.type, out_.rows, out_.row_bytes, stream_);
+    gamma_ = upload(w.gamma, "the final-norm weight");
+    beta_ = upload(w.beta, "the final-norm bias");
+    bias_ = upload(w.bias, "the LM-head bias");
+    check(cudaStreamSynchronize(stream_), "weight repack (synchronize)");
+    out_.data = nullptr;  // the host bytes are not used after the upload
+  }
+
+  std::shared_ptr<HostBuffer> alloc_host(size_t n) override {
+    DeviceScope scope(ordinal_);
+    auto buf = std::make_shared<HostBuffer>();
+    void* p = nullptr;
+    const size_t bytes = std::max<size_t>(n, 1) * sizeof(float);
+    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw DeviceError("cudaHostAlloc of " + with_commas(bytes) + " bytes of pinned memory for logits failed: " +
+                        cudaGetErrorString(err));
+    }
+    buf->data = static_cast<float*>(p);
+    buf->count = n;
+    buf->release = [](float* q) {
+      (void)cudaFreeHost(q);
+      (void)cudaGetLastError();
+    };
+    return buf;
+  }
+
+  void run(const std::vector<Node>& nodes, Acts acts, const float* hidden, int t, float* logits,
+           std::vector<NodeTiming>* timings) override {
+    auto dev_logits = run_to_device(nodes, acts, hidden, false, t, timings);
+    DeviceScope scope(ordinal_);
+    check(cudaMemcpyAsync(logits, dev_logits->ptr, (size_t)t * spec_.vocab * sizeof(float), cudaMemcpyDeviceToHost,
+                          stream_),
+          "download of the logits");
+    check(cudaStreamSynchronize(stream_), "download of the logits (synchronize)");
+  }
+
+  std::shared_ptr<DeviceMemory> run_to_device(const std::vector<Node>& nodes, Acts acts, const float* hidden,
+                                              bool hidden_on_device, int t,
+                                              std::vector<NodeTiming>* timings) override {
+    if (acts != Acts::F32) throw DeviceError("acts='q8' is not available on the CUDA device yet");
+    if (t < 1) throw ArgValueError("t must be >= 1");
+    DeviceScope scope(ordinal_);
+    const int64_t H = spec_.hidden, V = spec_.vocab;
+    const size_t xbytes = (size_t)t * H * sizeof(float);
+    const float* x = hidden;
+    if (!hidden_on_device) {
+      float* dst = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
+      check(cudaMemcpyAsync(dst, hidden, xbytes, cudaMemcpyHostToDevice, stream_), "upload of the hidden states");
+      x = dst;
+    }
+    float* normed = static_cast<float*>(normed_.ensure(xbytes, ordinal_, "normed hidden states"));
+    const size_t lbytes = (size_t)t * V * sizeof(float);
+    if (!logits_ || logits_->bytes < lbytes) logits_ = std::make_shared<DeviceMemory>(lbytes, ordinal_, "logits");
+    float* logits = static_cast<float*>(logits_->ptr);
+    const int64_t nl = (int64_t)t * V;
+
+    if (timings) ensure_events(nodes.size());
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const Node& n = nodes[i];
+      if (timings) check(cudaEventRecord(events_[i].first, stream_), "cudaEventRecord");
+      switch (n.kind) {
+        case NodeKind::RmsNorm: rms_norm(x, normed, H, t, n.f0, NormOrder::Ggml, stream_); break;
+        case NodeKind::RmsNormCanon: rms_norm(x, normed, H, t, n.f0, NormOrder::Canonical, stream_); break;
+        case NodeKind::LayerNorm: layer_norm(x, normed, H, t, n.f0, NormOrder::Ggml, stream_); break;
+        case NodeKind::LayerNormCanon: layer_norm(x, normed, H, t, n.f0, NormOrder::Canonical, stream_); break;
+        case NodeKind::MulGamma: mul_rows(normed, gamma_f(), H, t, stream_); break;
+        case NodeKind::AddBeta: add_rows(normed, beta_f(), H, t, stream_); break;
+        case NodeKind::Matvec: matvec_canon(matvec_args(normed, t, logits), stream_); break;
+        case NodeKind::MatvecReference: matvec_reference(matvec_args(normed, t, logits), stream_); break;
+        case NodeKind::AddBias: add_rows(logits, bias_f(), V, t, stream_); break;
+        case NodeKind::Scale: scale(logits, nl, n.f0, stream_); break;
+        case NodeKind::Tanh: tanh_inplace(logits, nl, stream_); break;
+        case NodeKind::SoftcapFused: softcap_fused(logits, nl, n.f0, n.f1, stream_); break;
+        case NodeKind::SoftcapReference: softcap_reference(logits, nl, n.f1, n.f2, stream_); break;
+        case NodeKind::SoftcapCanon: softcap_canon(logits, nl, n.f0, n.f1, n.f2, stream_); break;
+      }
+      if (timings) check(cudaEventRecord(events_[i].second, stream_), "cudaEventRecord");
+    }
+    check(cudaStreamSynchronize(stream_), "the route's kernels (synchronize)");
+    if (timings) {
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        float ms = 0;
+        check(cudaEventElapsedTime(&ms, events_[i].first, events_[i].second), "cudaEventElapsedTime");
+        timings->push_back({nodes[i].label, node_kind_name(nodes[i].kind), ms * 1e-3,
+                            node_bytes(nodes[i], spec_, out_, t)});
+      }
+    }
+    return logits_;
+  }
+
+  void topk(const float* logits, int t, int k, int64_t* ids, float* vals) override {
+    DeviceScope scope(ordinal_);
+    const int64_t V = spec_.vocab;
+    void* scratch = topk_scratch_.ensure(topk_scratch_bytes(V, t, k), ordinal_, "top-k scratch");
+    const size_t n = (size_t)t * k;
+    auto* dev = static_cast<uint8_t*>(topk_out_.ensure(n * (sizeof(int64_t) + sizeof(float)), ordinal_, "top-k"));
+    auto* dev_ids = reinterpret_cast<int64_t*>(dev);
+    auto* dev_vals = reinterpret_cast<float*>(dev + n * sizeof(int64_t));
+    cuda::topk(logits, V, t, k, scratch, dev_ids, dev_vals, stream_);
+    check(cudaMemcpyAsync(ids, dev_ids, n * sizeof(int64_t), cudaMemcpyDeviceToHost, stream_), "download of top-k ids");
+    check(cudaMemcpyAsync(vals, dev_vals, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "download of top-k");
+    check(cudaStreamSynchronize(stream_), "top-k (synchronize)");
+  }
+
+  int64_t find_nonfinite(const float* x, int64_t n) override {
+    DeviceScope scope(ordinal_);
+    auto* first = static_cast<unsigned long long*>(flag_.ensure(sizeof(unsigned long long), ordinal_, "a flag"));
+    cuda::find_nonfinite(x, n, first, stream_);
+    unsigned long long host = 0;
+    check(cudaMemcpyAsync(&host, first, sizeof host, cudaMemcpyDeviceToHost, stream_), "download of a flag");
+    check(cudaStreamSynchronize(stream_), "find_nonfinite (synchronize)");
+    return host >= (unsigned long long)n ? -1 : (int64_t)host;
+  }
+
+  void download(const float* src, float* dst, size_t n) override {
+    DeviceScope scope(ordinal_);
+    check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "download");
+    check(cudaStreamSynchronize(stream_), "download (synchronize)");
+  }
+
+ private:
+  std::unique_ptr<DeviceMemory> upload(const std::vector<float>& v, const char* what) {
+    if (v.empty()) return nullptr;
+    auto m = std::make_unique<DeviceMemory>(v.size() * sizeof(float), ordinal_, what);
+    check(cudaMemcpy(m->ptr, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), what);
+    return m;
+  }
+
+  MatvecArgs matvec_args(const float* x, int t, float* y) const {
+    MatvecArgs a;
+    a.w = static_cast<const uint8_t*>(weight_->ptr);
+    a.type = out_.type;
+    a.rows = out_.rows;
+    a.cols = out_.cols;
+    a.row_bytes = out_.row_bytes;
+    a.x = x;
+    a.ldx = spec_.hidden;
+    a.t = t;
+    a.y = y;
+    a.ldy = spec_.vocab;
+    return a;
+  }
+
+  void ensure_events(size_t n) {
+    while (events_.size() < n) {
+      cudaEvent_t a = nullptr, b = nullptr;
+      check(cudaEventCreate(&a), "cudaEventCreate");
+      check(cudaEventCreate(&b), "cudaEventCreate");
+      events_.emplace_back(a, b);
+    }
+  }
+
+  const float* gamma_f() const { return static_cast<const float*>(gamma_->ptr); }
+  const float* beta_f() const { return static_cast<const float*>(beta_->ptr); }
+  const float* bias_f() const { return static_cast<const float*>(bias_->ptr); }
+
+  int ordinal_;
+  cudaStream_t stream_ = nullptr;
+  HeadSpec spec_;
+  WeightView out_;  // shape and type of the weight (data: on the device, in weight_)
+  std::unique_ptr<DeviceMemory> weight_, gamma_, beta_, bias_;
+  Scratch hidden_, normed_, topk_scratch_, topk_out_, flag_;
+  std::shared_ptr<DeviceMemory> logits_;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
+};
+
+}  // namespace
+
+}  // namespace cuda
+
+std::unique_ptr<Device> make_cuda_device(int ordinal, int /*threads: the CPU's knob*/) {
+  const std::string name = "cuda:" + std::to_string(ordinal);
+  const int n = cuda::device_count();
+  if (n == 0) throw DeviceError("device '" + name + "': " + cuda::no_device_reason());
+  if (ordinal < 0 || ordinal >= n)
+    throw DeviceError("device '" + name + "': only " + std::to_string(n) + " CUDA device(s) visible (cuda:0" +
+                      (n > 1 ? " .. cuda:" + std::to_string(n - 1) : std::string()) + ")");
+  return std::make_unique<cuda::CudaDeviceImpl>(ordinal);
+}
+
 }  // namespace muser

@@ -1,0 +1,30 @@
+// find_nonfinite: the lowest index of a NaN or +-inf in a device array, so a
+// device hidden state gets the same NonFiniteError (naming row and column)
+// as a host one. One atomicMin per offending element; the common all-finite
+// case writes nothing.
+#include <algorithm>
+
+#include "cuda_check.h"
+#include "kernels.h"
+
+namespace muser::cuda {
+
+namespace {
+
+__global__ void find_nonfinite_kernel(const float* x, int64_t n, unsigned long long* first_bad) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    if (!isfinite(x[i])) atomicMin(first_bad, (unsigned long long)i);
+}
+
+}  // namespace
+
+void find_nonfinite(const float* x, int64_t n, unsigned long long* first_bad, cudaStream_t stream) {
+  const unsigned long long none = (unsigned long long)n;
+  check(cudaMemcpyAsync(first_bad, &none, sizeof(none), cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(first_bad)");
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 1024);
+  if (blocks > 0) find_nonfinite_kernel<<<(unsigned)blocks, threads, 0, stream>>>(x, n, first_bad);
+  check_launch("find_nonfinite");
+}
+
+}  // namespace muser::cuda

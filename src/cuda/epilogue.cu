@@ -1,0 +1,65 @@
+// The epilogue nodes over the logits, in place, one thread per logit
+// (grid-stride): scale, tanh (the platform's tanhf: CUDA's, not glibc's),
+// the fused soft cap (divides by cap), the reference soft cap (after its own
+// scale node) and the canonical soft cap (canon_epilogue from canonical.h,
+// the same function the CPU runs, bit for bit). Each rounding is explicit
+// (__fmul_rn, __fdiv_rn) on top of --fmad=false, so no step is contracted.
+#include "cuda_check.h"
+#include "kernels.h"
+#include "muser/canonical.h"
+
+namespace muser::cuda {
+
+namespace {
+
+enum class Op { Scale, Tanh, SoftcapFused, SoftcapReference, SoftcapCanon };
+
+template <Op kOp>
+__global__ void epilogue_kernel(float* y, int64_t n, float f0, float f1, float f2) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const float l = y[i];
+    float out;
+    if constexpr (kOp == Op::Scale) out = __fmul_rn(l, f0);
+    else if constexpr (kOp == Op::Tanh) out = tanhf(l);
+    else if constexpr (kOp == Op::SoftcapFused) out = __fmul_rn(f1, tanhf(__fdiv_rn(__fmul_rn(l, f0), f1)));
+    else if constexpr (kOp == Op::SoftcapReference) out = __fmul_rn(f1, tanhf(__fmul_rn(l, f2)));
+    else out = canon_epilogue(l, f0, f1, f2);
+    y[i] = out;
+  }
+}
+
+template <Op kOp>
+void launch_epilogue(float* y, int64_t n, float f0, float f1, float f2, cudaStream_t stream) {
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 8192);
+  if (blocks > 0) epilogue_kernel<kOp><<<(unsigned)blocks, threads, 0, stream>>>(y, n, f0, f1, f2);
+}
+
+}  // namespace
+
+void scale(float* y, int64_t n, float s, cudaStream_t stream) {
+  launch_epilogue<Op::Scale>(y, n, s, 0, 0, stream);
+  check_launch("scale");
+}
+
+void tanh_inplace(float* y, int64_t n, cudaStream_t stream) {
+  launch_epilogue<Op::Tanh>(y, n, 0, 0, 0, stream);
+  check_launch("tanh");
+}
+
+void softcap_fused(float* y, int64_t n, float scale, float cap, cudaStream_t stream) {
+  launch_epilogue<Op::SoftcapFused>(y, n, scale, cap, 0, stream);
+  check_launch("scale_softcap");
+}
+
+void softcap_reference(float* y, int64_t n, float cap, float inv_cap, cudaStream_t stream) {
+  launch_epilogue<Op::SoftcapReference>(y, n, 0, cap, inv_cap, stream);
+  check_launch("softcap_reference");
+}
+
+void softcap_canon(float* y, int64_t n, float scale, float cap, float inv_cap, cudaStream_t stream) {
+  launch_epilogue<Op::SoftcapCanon>(y, n, scale, cap, inv_cap, stream);
+  check_launch("scale_softcap_canonical");
+}
+
+}  // namespace muser::cuda

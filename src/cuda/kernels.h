@@ -1,0 +1,70 @@
+// The CUDA node kernels' checked entry points (host-callable, plain C++).
+// Each is the third layer of an op file (src/cuda/<op>.cu): a static
+// __global__ kernel, a launcher on a stream, and this checked entry, which
+// throws muser::DeviceError when the launch fails. All pointers are device
+// pointers; every entry is asynchronous on `stream`.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace muser::cuda {
+
+// ---- norm.cu: one hidden state per row, [t x H], y may not alias x ----
+enum class NormOrder {
+  Ggml,       // ggml's CPU arithmetic: f32 squares summed in double (parallel), IEEE div/sqrt
+  Canonical,  // docs/numerics.md: 32 lanes, fmaf, butterfly tree -- bit-equal to the CPU
+};
+void rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream);
+void layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream);
+// y[k, i] = y[k, i] * v[i]  /  y[k, i] = y[k, i] + v[i]  for k < rows, i < n
+void mul_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t stream);
+void add_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t stream);
+
+// ---- epilogue.cu: element-wise over n logits, in place ----
+void scale(float* y, int64_t n, float s, cudaStream_t stream);
+void tanh_inplace(float* y, int64_t n, cudaStream_t stream);
+void softcap_fused(float* y, int64_t n, float scale, float cap, cudaStream_t stream);
+void softcap_reference(float* y, int64_t n, float cap, float inv_cap, cudaStream_t stream);
+void softcap_canon(float* y, int64_t n, float scale, float cap, float inv_cap, cudaStream_t stream);
+
+// ---- matvec.cu: logits = W x for t tokens ----
+struct MatvecArgs {
+  const uint8_t* w = nullptr;  // device copy of the weight, in the layout repack_weight left
+  uint32_t type = 0;           // ggml type id
+  int64_t rows = 0;            // V
+  int64_t cols = 0;            // H
+  int64_t row_bytes = 0;
+  const float* x = nullptr;    // [t x ldx]
+  int64_t ldx = 0;
+  int t = 0;
+  float* y = nullptr;          // [t x ldy]
+  int64_t ldy = 0;
+};
+// Rewrites the uploaded weight in place into the layout the fast matvec
+// reads (a per-block permutation for Q4_K/Q5_K; see matvec.cuh), once at load.
+void repack_weight(uint8_t* w, uint32_t type, int64_t rows, int64_t row_bytes, cudaStream_t stream);
+// The canonical lane order (docs/numerics.md), bit-equal to the CPU's matvec_canon.
+void matvec_canon(const MatvecArgs& a, cudaStream_t stream);
+// The scalar oracle: one f32 accumulator per row in index order (slow by design).
+void matvec_reference(const MatvecArgs& a, cudaStream_t stream);
+// Whether this build's CUDA matvec handles a ggml type.
+bool matvec_supports(uint32_t type);
+
+// ---- topk.cu: the k best logits of each row (ties: lowest id; NaN never beats a number) ----
+// scratch must hold topk_scratch_bytes(V, t, k) bytes; ids/vals are device [t x k].
+size_t topk_scratch_bytes(int64_t V, int t, int k);
+void topk(const float* logits, int64_t V, int t, int k, void* scratch, int64_t* ids, float* vals,
+          cudaStream_t stream);
+constexpr int kTopkMax = 1024;  // larger k falls back to the host
+
+// ---- checks.cu ----
+// first_bad[0] = lowest index of a NaN/inf among x[0..n), or n when all are finite.
+void find_nonfinite(const float* x, int64_t n, unsigned long long* first_bad, cudaStream_t stream);
+
+// ---- bandwidth.cu: the read limit the bench divides by ----
+// Reads nbytes from buf once with 16-byte loads over the whole GPU; sink gets one word per block.
+void read_bandwidth(const void* buf, size_t nbytes, unsigned* sink, int sink_words, cudaStream_t stream);
+int read_bandwidth_sink_words(int ordinal);
+
+}  // namespace muser::cuda

@@ -1,0 +1,211 @@
+// LM-head matvec dispatch (canonical lane order, see matvec.cuh), the scalar
+// reference kernel, and the load-time weight repack.
+//
+// matvec_reference: one thread per row and token, one f32 accumulator in
+// index order, acc = acc + w[j] * x[j] (two roundings per step), the weights
+// decoded block by block with dequant.h -- the chapter's reference.rs, like
+// the CPU's matvec_reference. Slow by design; it exists so route="reference"
+// means the same thing on every device.
+#include <algorithm>
+#include <mutex>
+
+#include "cuda_check.h"
+#include "matvec.cuh"
+#include "muser/dequant.h"
+
+namespace muser::cuda {
+
+namespace {
+
+constexpr int kTokenTile = 64;               // the largest tile: t <= 64 reads the weight once
+constexpr size_t kXBudgetBytes = 48 * 1024;  // staged x per CTA before columns are chunked
+
+int sm_count_of_current_device() {
+  int dev = 0, sms = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SM count)");
+  return sms;
+}
+
+// ---- reference ----
+
+// Element values of one 256-element (or shorter) slice of a row, by dequant.h.
+__device__ int decode_reference_chunk(uint32_t type, const uint8_t* row, int64_t k0, int64_t cols, float* out) {
+  switch (type) {
+    case (uint32_t)GgmlType::Q5_K: {
+      BlockQ5_K b;
+      unpack_block_q5_k(row + (k0 / kQK_K) * sizeof(BlockQ5_K), &b);
+      dequant_block_q5_k(b, out);
+      return kQK_K;
+    }
+    case (uint32_t)GgmlType::Q4_K: {
+      BlockQ4_K b;
+      unpack_block_q4_k(row + (k0 / kQK_K) * sizeof(BlockQ4_K), &b);
+      dequant_block_q4_k(b, out);
+      return kQK_K;
+    }
+    case (uint32_t)GgmlType::Q6_K: {
+      BlockQ6_K b;
+      memcpy(&b, row + (k0 / kQK_K) * sizeof(BlockQ6_K), sizeof(b));
+      dequant_block_q6_k(b, out);
+      return kQK_K;
+    }
+    case (uint32_t)GgmlType::Q8_0: {
+      BlockQ8_0 b;
+      memcpy(&b, row + (k0 / kQK8_0) * sizeof(BlockQ8_0), sizeof(b));
+      dequant_block_q8_0(b, out);
+      return kQK8_0;
+    }
+    default: {
+      const int n = (int)min((int64_t)kQK_K, cols - k0);
+      for (int i = 0; i < n; ++i) {
+        const int64_t j = k0 + i;
+        if (type == (uint32_t)GgmlType::F32) {
+          memcpy(&out[i], row + 4 * j, 4);
+        } else {
+          uint16_t h;
+          memcpy(&h, row + 2 * j, 2);
+          out[i] = type == (uint32_t)GgmlType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
+        }
+      }
+      return n;
+    }
+  }
+}
+
+__global__ void matvec_reference_kernel(MatvecArgs a) {
+  const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (id >= a.rows * a.t) return;
+  const int64_t row = id % a.rows;
+  const int k = (int)(id / a.rows);
+  const uint8_t* p = a.w + row * a.row_bytes;
+  const float* x = a.x + k * a.ldx;
+  float wbuf[kQK_K];
+  float acc = 0.0f;
+  for (int64_t k0 = 0; k0 < a.cols;) {
+    const int n = decode_reference_chunk(a.type, p, k0, a.cols, wbuf);
+    for (int i = 0; i < n; ++i) acc = acc + wbuf[i] * x[k0 + i];
+    k0 += n;
+  }
+  a.y[k * a.ldy + row] = acc;
+}
+
+void launch_matvec_reference(const MatvecArgs& a, cudaStream_t stream) {
+  const int threads = 128;
+  const int64_t n = a.rows * a.t;
+  matvec_reference_kernel<<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(a);
+}
+
+// ---- repack ----
+
+template <int kBlockBytes, void (*kRepack)(uint8_t*)>
+__global__ void repack_blocks_kernel(uint8_t* w, int64_t nblocks) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < nblocks) kRepack(w + i * kBlockBytes);
+}
+
+__device__ void repack_q5_k_device(uint8_t* b) { repack_block_q5_k(b); }
+__device__ void repack_q4_k_device(uint8_t* b) { repack_block_q4_k(b); }
+
+}  // namespace
+
+// ---- launch helpers shared by the per-type files ----
+
+MatvecPlan plan_matvec(const MatvecArgs& a, int unit, int tile_tokens, int rows_per_warp) {
+  (void)tile_tokens;
+  // columns per chunk: all of K when t tokens fit the budget, else as many
+  // 256-column slices as fit (at least one). Multiples of 256 keep each lane
+  // row's length = 4 (mod 8) floats, so 16-byte reads stay conflict-free.
+  const int64_t kpad = (a.cols + 255) / 256 * 256;
+  const int64_t per_col = 4 * (int64_t)a.t;  // bytes of staged x per column (padding aside)
+  int64_t cols = (int64_t)(kXBudgetBytes / per_col) / 256 * 256;
+  cols = std::max<int64_t>(256, std::min(cols, kpad));
+  while (cols > 256 && (size_t)a.t * 32 * (cols / 32 + kLanePad) * 4 > kXBudgetBytes) cols -= 256;
+  (void)unit;
+  MatvecPlan p;
+  p.chunk_cols = (int)cols;
+  p.smem_bytes = (size_t)a.t * 32 * (cols / 32 + kLanePad) * sizeof(float) +
+                 (size_t)kMatvecWarps * 2 * rows_per_warp * 16 * sizeof(float);
+  return p;
+}
+
+void launch_matvec_kernel(const void* kernel, const MatvecArgs& a, const MatvecPlan& p, int rows_per_warp,
+                          cudaStream_t stream) {
+  if (p.smem_bytes > 48 * 1024)
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem_bytes),
+          "cudaFuncSetAttribute(matvec shared memory)");
+  int per_sm = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kMatvecThreads, p.smem_bytes),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor(matvec)");
+  if (per_sm < 1) throw DeviceError("matvec: no CTA fits on this GPU with " + std::to_string(p.smem_bytes) + " bytes of shared memory");
+  const int64_t groups = (a.rows + kMatvecWarps * rows_per_warp - 1) / (kMatvecWarps * rows_per_warp);
+  const int64_t grid = std::min<int64_t>(groups, (int64_t)per_sm * sm_count_of_current_device());
+  MatvecArgs args = a;
+  int chunk = p.chunk_cols;
+  void* params[] = {&args, &chunk};
+  check(cudaLaunchKernel(kernel, dim3((unsigned)grid), dim3(kMatvecThreads), params, p.smem_bytes, stream),
+        "launch matvec_canon");
+}
+
+// ---- checked entries ----
+
+bool matvec_supports(uint32_t type) {
+  switch (type) {
+    case (uint32_t)GgmlType::Q5_K:
+    case (uint32_t)GgmlType::Q4_K:
+    case (uint32_t)GgmlType::Q6_K:
+    case (uint32_t)GgmlType::Q8_0:
+    case (uint32_t)GgmlType::F16:
+    case (uint32_t)GgmlType::BF16:
+    case (uint32_t)GgmlType::F32:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void matvec_canon(const MatvecArgs& a, cudaStream_t stream) {
+  // token tiles of up to 64: t <= 64 reads the weight once, larger t once per tile
+  for (int k0 = 0; k0 < a.t; k0 += kTokenTile) {
+    MatvecArgs tile = a;
+    tile.t = std::min(kTokenTile, a.t - k0);
+    tile.x = a.x + k0 * a.ldx;
+    tile.y = a.y + k0 * a.ldy;
+    switch (a.type) {
+      case (uint32_t)GgmlType::Q5_K: matvec_canon_q5_k(tile, stream); break;
+      case (uint32_t)GgmlType::Q4_K: matvec_canon_q4_k(tile, stream); break;
+      case (uint32_t)GgmlType::Q6_K: matvec_canon_q6_k(tile, stream); break;
+      case (uint32_t)GgmlType::Q8_0: matvec_canon_q8_0(tile, stream); break;
+      case (uint32_t)GgmlType::F16:
+      case (uint32_t)GgmlType::BF16:
+      case (uint32_t)GgmlType::F32: matvec_canon_float(tile, stream); break;
+      default:
+        throw DeviceError(std::string("matvec: the CUDA device has no kernel for weight type ") +
+                          (type_traits(a.type).name ? type_traits(a.type).name : "?"));
+    }
+    check_launch("matvec_canon");
+  }
+}
+
+void matvec_reference(const MatvecArgs& a, cudaStream_t stream) {
+  if (!matvec_supports(a.type)) throw DeviceError("matvec_reference: unsupported weight type");
+  launch_matvec_reference(a, stream);
+  check_launch("matvec_reference");
+}
+
+void repack_weight(uint8_t* w, uint32_t type, int64_t rows, int64_t row_bytes, cudaStream_t stream) {
+  const int threads = 256;
+  if (type == (uint32_t)GgmlType::Q5_K) {
+    const int64_t n = rows * row_bytes / (int64_t)sizeof(BlockQ5_K);
+    repack_blocks_kernel<sizeof(BlockQ5_K), repack_q5_k_device>
+        <<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(w, n);
+    check_launch("repack_q5_k");
+  } else if (type == (uint32_t)GgmlType::Q4_K) {
+    const int64_t n = rows * row_bytes / (int64_t)sizeof(BlockQ4_K);
+    repack_blocks_kernel<sizeof(BlockQ4_K), repack_q4_k_device>
+        <<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(w, n);
+    check_launch("repack_q4_k");
+  }
+}
+
+}  // namespace muser::cuda

@@ -1,0 +1,458 @@
+// The canonical-order matvec on CUDA: logits[k][row] = W[row] . x[k] for t
+// tokens, bit-equal to the CPU's matvec_canon (docs/numerics.md).
+//
+// Algorithm. Lane l of a warp owns the elements j = l (mod 32) of a row and
+// accumulates acc = fmaf(w[j], x[j], acc) in increasing j from +0; the warp
+// then joins its 32 partials with __shfl_down_sync for offsets 16, 8, 4, 2, 1,
+// which is canon_tree32 (lane l adds lane l+off). Nothing else touches the
+// sums, so the grid, the batch size t and the rows per warp never change a bit.
+//
+// Thread mapping. 8 warps per CTA; a warp carries R consecutive rows and all
+// t tokens of them (acc[R][TT] in registers, TT >= t a compile-time tile), so
+// each weight byte is read once per call for t <= 64. The grid is persistent:
+// about as many CTAs as fit at once, striding over groups of 8*R rows. A
+// "unit" is the slice of a row a lane decodes at once (one 256-element block
+// for K-quants: 8 elements per lane); the next unit's bytes are loaded before
+// the current one is computed, so two units per row are in flight.
+//
+// Activations live in shared memory transposed per lane, xs[k][lane][step]
+// (step = j / 32), each lane row padded by 4 floats so the 16-byte reads of 8
+// consecutive lanes hit distinct banks; one pair of float4 reads serves R rows.
+// When t*H floats do not fit, columns are staged in chunks with a CTA barrier.
+//
+// Decode. A K-quant weight is d1*q - m1 with one (d1, m1) per 32-element
+// sub-block. In the canonical order every lane touches all 8 sub-blocks of a
+// block, so each lane computes ONE of the 16 factors of one of two rows and the
+// warp shares them through shared memory (kquant_factors). Q4_K/Q5_K blocks are
+// permuted at load (repack.cuh) so a lane's 4 quant bytes are one 32-bit load
+// and its 8 fifth bits one byte; q becomes an exact float as 2^23 + q - 2^23.
+// Weights stream through ld.global.nc.L1::no_allocate (read once, keep L1 for x).
+//
+// Fuses nothing: the final norm before and the epilogue after are nodes of
+// their own, so the profile books this kernel alone under "lm_head".
+#pragma once
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels.h"
+#include "muser/quant_blocks.h"
+#include "repack.cuh"
+
+namespace muser::cuda {
+
+constexpr int kMatvecWarps = 8;
+constexpr int kMatvecThreads = 32 * kMatvecWarps;
+constexpr int kLanePad = 4;  // floats after each lane's row of staged x (bank spread)
+
+// ---------------------------------------------------------------- loads
+
+__device__ __forceinline__ uint32_t ld_weight_u8(const uint8_t* p) {
+  uint32_t v;
+  asm("ld.global.nc.L1::no_allocate.u8 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_weight_u16(const uint8_t* p) {
+  unsigned short v;
+  asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_weight_u32(const uint8_t* p) {
+  uint32_t v;
+  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_weight_v4(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// Byte c of q as an exact float: 0x4B0000qq is 2^23 + q (integer and float
+// pipes only; the int->float converter runs at a quarter of the FMA rate).
+__device__ __forceinline__ float byte_as_float(uint32_t q, uint32_t c) {
+  return __int_as_float((int)__byte_perm(q, 0x4B000000u, 0x7540u | c)) - 8388608.0f;
+}
+
+__device__ __forceinline__ float half_bits_to_float(uint32_t h) {
+  return __half2float(__ushort_as_half((unsigned short)h));  // exact, like f16_to_f32
+}
+
+// Row r of a warp's group; rows past the end re-read the last row (their
+// results are never stored) so every warp runs the same loop and barriers.
+__device__ __forceinline__ const uint8_t* row_ptr(const MatvecArgs& a, int64_t row) {
+  return a.w + (row < a.rows ? row : a.rows - 1) * a.row_bytes;
+}
+
+// ---------------------------------------------------------------- K-quant factors
+
+// The 16 factors (d*sc_j, dmin*m_j; j = 0..7) of the current block of R rows.
+// Lane v (mod 16) of half-warp h computes factor v of row 2p+h from the block
+// header (hdr[p]: d | dmin << 16, scales[0..3], [4..7], [8..11]) -- the packed
+// form of k_scale_min -- and the warp reads all of them back from shared memory.
+template <int R>
+__device__ __forceinline__ void kquant_factors(const uint4 (&hdr)[(R + 1) / 2], int lane, float* scratch,
+                                               float (&d1)[R][8], float (&m1)[R][8]) {
+  const uint32_t v = lane & 15, j = v & 7;
+  const bool is_min = v >= 8;
+#pragma unroll
+  for (int p = 0; p < (R + 1) / 2; ++p) {
+    const int r = 2 * p + (lane >> 4);
+    if (R % 2 == 0 || r < R) {
+      const uint4 h = hdr[p];
+      const uint32_t a = is_min ? h.z : h.y;          // sc_j (j<4) or m_j (j<4), and their top bits
+      const uint32_t b = is_min ? (h.w >> 4) : h.w;   // low 4 bits of sc_j / m_j for j >= 4
+      const uint32_t lo = a & 0x3f3f3f3fu;
+      const uint32_t hi = (b & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+      const float q = byte_as_float(j < 4 ? lo : hi, j & 3);
+      const float scale = half_bits_to_float(is_min ? (h.x >> 16) : (h.x & 0xffffu));
+      scratch[r * 16 + v] = scale * q;  // exact: an f16 times a 6-bit integer
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float4* f = reinterpret_cast<const float4*>(scratch + r * 16);
+    const float4 a = f[0], b = f[1], c = f[2], d = f[3];
+    d1[r][0] = a.x, d1[r][1] = a.y, d1[r][2] = a.z, d1[r][3] = a.w;
+    d1[r][4] = b.x, d1[r][5] = b.y, d1[r][6] = b.z, d1[r][7] = b.w;
+    m1[r][0] = c.x, m1[r][1] = c.y, m1[r][2] = c.z, m1[r][3] = c.w;
+    m1[r][4] = d.x, m1[r][5] = d.y, m1[r][6] = d.z, m1[r][7] = d.w;
+  }
+}
+
+template <int R>
+__device__ __forceinline__ void load_kquant_headers(uint4 (&hdr)[(R + 1) / 2], const MatvecArgs& a, int64_t row0,
+                                                    int64_t block_off, int lane) {
+#pragma unroll
+  for (int p = 0; p < (R + 1) / 2; ++p) {
+    const int r = 2 * p + (lane >> 4);
+    if (R % 2 == 0 || r < R) hdr[p] = ld_weight_v4(row_ptr(a, row0 + r) + block_off);
+  }
+}
+
+// ---------------------------------------------------------------- decoders
+// Each decoder: kUnit elements per unit, kSteps = kUnit / 32 per lane;
+// Raw<R> holds one unit's undecoded bytes of R rows for one lane; load()
+// fetches unit u; decode() writes w[r][s] = weight of element u*kUnit+32s+lane.
+// kGuard: units may run past the row's end (elements j >= K are skipped).
+
+struct DecodeQ5K {
+  static constexpr int kUnit = 256, kSteps = 8, kBlockBytes = 176;
+  static constexpr bool kGuard = false;
+  template <int R>
+  struct Raw {
+    uint4 hdr[(R + 1) / 2];
+    uint32_t qs[R], qh[R];
+  };
+  template <int R>
+  static __device__ __forceinline__ void load(Raw<R>& raw, const MatvecArgs& a, int64_t row0, int u, int lane) {
+    const int64_t off = (int64_t)u * kBlockBytes;
+    load_kquant_headers<R>(raw.hdr, a, row0, off, lane);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* b = row_ptr(a, row0 + r) + off;
+      raw.qs[r] = ld_weight_u32(b + kQ5KQuantsOffset + 4 * lane);
+      raw.qh[r] = ld_weight_u8(b + kQ5KHighBitsOffset + lane);
+    }
+  }
+  template <int R>
+  static __device__ __forceinline__ void decode(const Raw<R>& raw, int lane, float* scratch, float (&w)[R][kSteps]) {
+    float d1[R][8], m1[R][8];
+    kquant_factors<R>(raw.hdr, lane, scratch, d1, m1);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      // q of sub-block 2c is byte c of qe, of sub-block 2c+1 byte c of qo; the
+      // multiply spreads qh' bit c to bit 8c+4 (no carries: see repack.cuh)
+      const uint32_t qs = raw.qs[r], qh = raw.qh[r];
+      const uint32_t qe = (qs & 0x0f0f0f0fu) | (((qh & 0xfu) * 0x02040810u) & 0x10101010u);
+      const uint32_t qo = ((qs >> 4) & 0x0f0f0f0fu) | (((qh >> 4) * 0x02040810u) & 0x10101010u);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        w[r][2 * c] = fmaf(d1[r][2 * c], byte_as_float(qe, c), -m1[r][2 * c]);
+        w[r][2 * c + 1] = fmaf(d1[r][2 * c + 1], byte_as_float(qo, c), -m1[r][2 * c + 1]);
+      }
+    }
+  }
+};
+
+struct DecodeQ4K {
+  static constexpr int kUnit = 256, kSteps = 8, kBlockBytes = 144;
+  static constexpr bool kGuard = false;
+  template <int R>
+  struct Raw {
+    uint4 hdr[(R + 1) / 2];
+    uint32_t qs[R];
+  };
+  template <int R>
+  static __device__ __forceinline__ void load(Raw<R>& raw, const MatvecArgs& a, int64_t row0, int u, int lane) {
+    const int64_t off = (int64_t)u * kBlockBytes;
+    load_kquant_headers<R>(raw.hdr, a, row0, off, lane);
+#pragma unroll
+    for (int r = 0; r < R; ++r) raw.qs[r] = ld_weight_u32(row_ptr(a, row0 + r) + off + kQ4KQuantsOffset + 4 * lane);
+  }
+  template <int R>
+  static __device__ __forceinline__ void decode(const Raw<R>& raw, int lane, float* scratch, float (&w)[R][kSteps]) {
+    float d1[R][8], m1[R][8];
+    kquant_factors<R>(raw.hdr, lane, scratch, d1, m1);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint32_t qe = raw.qs[r] & 0x0f0f0f0fu, qo = (raw.qs[r] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        w[r][2 * c] = fmaf(d1[r][2 * c], byte_as_float(qe, c), -m1[r][2 * c]);
+        w[r][2 * c + 1] = fmaf(d1[r][2 * c + 1], byte_as_float(qo, c), -m1[r][2 * c + 1]);
+      }
+    }
+  }
+};
+
+// Q6_K in the GGUF layout (210-byte blocks are only 2-byte aligned): element
+// 32s + lane has ql byte 64(s/4) + 32(s%2... see q6k_quant) -- the lane reads
+// 4 ql bytes, 2 qh bytes and its 8 scales per block.
+struct DecodeQ6K {
+  static constexpr int kUnit = 256, kSteps = 8, kBlockBytes = 210;
+  static constexpr bool kGuard = false;
+  template <int R>
+  struct Raw {
+    uint32_t ql[R][4], qh[R][2], sc[R][8], d[R];
+  };
+  template <int R>
+  static __device__ __forceinline__ void load(Raw<R>& raw, const MatvecArgs& a, int64_t row0, int u, int lane) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* b = row_ptr(a, row0 + r) + (int64_t)u * kBlockBytes;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) raw.ql[r][i] = ld_weight_u8(b + 32 * i + lane);         // ql[64h + 32p + l]
+#pragma unroll
+      for (int i = 0; i < 2; ++i) raw.qh[r][i] = ld_weight_u8(b + 128 + 32 * i + lane);   // qh[32h + l]
+#pragma unroll
+      for (int s = 0; s < 8; ++s) raw.sc[r][s] = ld_weight_u8(b + 192 + 2 * s + (lane >> 4));  // scales[i/16]
+      raw.d[r] = ld_weight_u16(b + 208);
+    }
+  }
+  template <int R>
+  static __device__ __forceinline__ void decode(const Raw<R>& raw, int, float*, float (&w)[R][kSteps]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float d = half_bits_to_float(raw.d[r]);
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int half = s >> 2, quarter = s & 3;
+        const uint32_t low = (raw.ql[r][2 * half + (quarter & 1)] >> (4 * (quarter >> 1))) & 0xfu;
+        const uint32_t high = (raw.qh[r][half] >> (2 * quarter)) & 3u;
+        const float q = byte_as_float(low | (high << 4), 0) - 32.0f;       // exact
+        const float sc = byte_as_float(raw.sc[r][s] ^ 0x80u, 0) - 128.0f;  // the int8 scale, exact
+        w[r][s] = (d * sc) * q;  // as dequant_block_q6_k: (d * scale) * q, two roundings
+      }
+    }
+  }
+};
+
+// Q8_0: a unit is 4 blocks of 32; step s is block 4u+s, lane l its quant l.
+struct DecodeQ80 {
+  static constexpr int kUnit = 128, kSteps = 4, kBlockBytes = 34;
+  static constexpr bool kGuard = true;  // K is a multiple of 32, not of 128
+  template <int R>
+  struct Raw {
+    uint32_t qs[R][4], d[R][4];
+  };
+  template <int R>
+  static __device__ __forceinline__ void load(Raw<R>& raw, const MatvecArgs& a, int64_t row0, int u, int lane) {
+    const int nblocks = (int)(a.cols / 32);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* row = row_ptr(a, row0 + r);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int blk = 4 * u + s;
+        const uint8_t* b = row + (int64_t)(blk < nblocks ? blk : nblocks - 1) * kBlockBytes;
+        raw.d[r][s] = ld_weight_u16(b);
+        raw.qs[r][s] = ld_weight_u8(b + 2 + lane);
+      }
+    }
+  }
+  template <int R>
+  static __device__ __forceinline__ void decode(const Raw<R>& raw, int, float*, float (&w)[R][kSteps]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int s = 0; s < 4; ++s)  // as dequant_block_q8_0: (float)q * d
+        w[r][s] = (byte_as_float(raw.qs[r][s] ^ 0x80u, 0) - 128.0f) * half_bits_to_float(raw.d[r][s]);
+  }
+};
+
+// F16, BF16, F32: 256 elements per unit, exact widening; any K.
+template <uint32_t kType>
+struct DecodeFloat {
+  static constexpr int kUnit = 256, kSteps = 8;
+  static constexpr int kElemBytes = kType == (uint32_t)GgmlType::F32 ? 4 : 2;
+  static constexpr bool kGuard = true;
+  template <int R>
+  struct Raw {
+    uint32_t v[R][8];
+  };
+  template <int R>
+  static __device__ __forceinline__ void load(Raw<R>& raw, const MatvecArgs& a, int64_t row0, int u, int lane) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* row = row_ptr(a, row0 + r);
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int64_t j = (int64_t)u * kUnit + 32 * s + lane;
+        const uint8_t* p = row + (j < a.cols ? j : 0) * kElemBytes;
+        raw.v[r][s] = kElemBytes == 4 ? ld_weight_u32(p) : ld_weight_u16(p);
+      }
+    }
+  }
+  template <int R>
+  static __device__ __forceinline__ void decode(const Raw<R>& raw, int, float*, float (&w)[R][kSteps]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const uint32_t v = raw.v[r][s];
+        w[r][s] = kType == (uint32_t)GgmlType::F32    ? __uint_as_float(v)
+                  : kType == (uint32_t)GgmlType::BF16 ? __uint_as_float(v << 16)
+                                                      : half_bits_to_float(v);
+      }
+  }
+};
+
+// ---------------------------------------------------------------- the kernel
+
+// Rows per warp for a token tile: more rows share each x read (what bounds
+// t > 1), fewer keep the accumulators in registers.
+template <int TT>
+struct RowsPerWarp {
+  static constexpr int value = TT <= 2 ? 2 : TT <= 8 ? 4 : TT <= 16 ? 2 : 1;
+};
+
+// Copies columns [col0, col0 + chunk_cols) of the t tokens' x into xs,
+// transposed per lane; columns past K become 0 (their products are skipped).
+__device__ __forceinline__ void stage_x(float* xs, const MatvecArgs& a, int64_t col0, int chunk_cols,
+                                        int lane_stride) {
+  const int n = a.t * chunk_cols;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int k = i / chunk_cols, c = i - k * chunk_cols;
+    const int64_t col = col0 + c;
+    xs[(k * 32 + (c & 31)) * lane_stride + (c >> 5)] = col < a.cols ? a.x[k * a.ldx + col] : 0.0f;
+  }
+}
+
+template <class Dec, int TT>
+__global__ void __launch_bounds__(kMatvecThreads) matvec_canon_kernel(MatvecArgs a, int chunk_cols) {
+  constexpr int R = RowsPerWarp<TT>::value;
+  constexpr int S = Dec::kSteps;
+  extern __shared__ float4 smem_f4[];
+  float* xs = reinterpret_cast<float*>(smem_f4);  // [t][32][lane_stride]
+  const int lane_stride = chunk_cols / 32 + kLanePad;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* scratch = xs + a.t * 32 * lane_stride + warp * 2 * R * 16;  // two buffers of R x 16 factors
+
+  const int units = (int)((a.cols + Dec::kUnit - 1) / Dec::kUnit);
+  const int units_per_chunk = chunk_cols / Dec::kUnit;
+  const bool one_chunk = units_per_chunk >= units;
+  const int64_t groups = (a.rows + kMatvecWarps * R - 1) / (kMatvecWarps * R);
+
+  if (one_chunk) {
+    stage_x(xs, a, 0, chunk_cols, lane_stride);
+    __syncthreads();
+  }
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t row0 = (g * kMatvecWarps + warp) * R;
+    float acc[R][TT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int k = 0; k < TT; ++k) acc[r][k] = 0.0f;
+
+    typename Dec::template Raw<R> next;
+    Dec::template load<R>(next, a, row0, 0, lane);
+    int unit_in_chunk = 0;
+    for (int u = 0; u < units; ++u) {
+      if (!one_chunk && unit_in_chunk == 0) {
+        __syncthreads();  // every warp is done with the previous chunk
+        stage_x(xs, a, (int64_t)u * Dec::kUnit, chunk_cols, lane_stride);
+        __syncthreads();
+      }
+      const typename Dec::template Raw<R> cur = next;
+      if (u + 1 < units) Dec::template load<R>(next, a, row0, u + 1, lane);
+      float w[R][S];
+      Dec::template decode<R>(cur, lane, scratch + (u & 1) * R * 16, w);
+
+      const int64_t j0 = (int64_t)u * Dec::kUnit + lane;  // element of step 0
+#pragma unroll
+      for (int k = 0; k < TT; ++k) {
+        if (k < a.t) {
+          const float4* xp =
+              reinterpret_cast<const float4*>(xs + (k * 32 + lane) * lane_stride + unit_in_chunk * S);
+          float xv[S];
+#pragma unroll
+          for (int q = 0; q < S / 4; ++q) {
+            const float4 v = xp[q];
+            xv[4 * q] = v.x, xv[4 * q + 1] = v.y, xv[4 * q + 2] = v.z, xv[4 * q + 3] = v.w;
+          }
+#pragma unroll
+          for (int s = 0; s < S; ++s) {
+            if (Dec::kGuard && j0 + 32 * s >= a.cols) continue;
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r][k] = fmaf(w[r][s], xv[s], acc[r][k]);
+          }
+        }
+      }
+      if (++unit_in_chunk == units_per_chunk) unit_in_chunk = 0;
+    }
+
+    // canon_tree32: lane l += lane l + off, off = 16 .. 1; lane 0 holds the dot product
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int k = 0; k < TT; ++k) {
+        if (k < a.t) {
+          float v = acc[r][k];
+#pragma unroll
+          for (int off = 16; off >= 1; off >>= 1) v = v + __shfl_down_sync(0xffffffffu, v, off);
+          if (lane == 0 && row0 + r < a.rows) a.y[k * a.ldy + row0 + r] = v;
+        }
+      }
+  }
+}
+
+// Launch plan for one token tile (host side, in matvec.cu).
+struct MatvecPlan {
+  int chunk_cols = 0;
+  size_t smem_bytes = 0;
+};
+MatvecPlan plan_matvec(const MatvecArgs& a, int unit, int tile_tokens, int rows_per_warp);
+void launch_matvec_kernel(const void* kernel, const MatvecArgs& a, const MatvecPlan& p, int rows_per_warp,
+                          cudaStream_t stream);
+
+// Per-type entry points (matvec_<type>.cu): run one token tile, t <= 64.
+void matvec_canon_q5_k(const MatvecArgs& a, cudaStream_t stream);
+void matvec_canon_q4_k(const MatvecArgs& a, cudaStream_t stream);
+void matvec_canon_q6_k(const MatvecArgs& a, cudaStream_t stream);
+void matvec_canon_q8_0(const MatvecArgs& a, cudaStream_t stream);
+void matvec_canon_float(const MatvecArgs& a, cudaStream_t stream);  // F16, BF16, F32
+
+// Picks the smallest token tile >= a.t and launches Dec's kernel for it.
+template <class Dec>
+void launch_matvec_tiles(const MatvecArgs& a, cudaStream_t stream) {
+  auto go = [&](auto tile) {
+    constexpr int TT = decltype(tile)::value;
+    const MatvecPlan p = plan_matvec(a, Dec::kUnit, TT, RowsPerWarp<TT>::value);
+    launch_matvec_kernel(reinterpret_cast<const void*>(&matvec_canon_kernel<Dec, TT>), a, p, RowsPerWarp<TT>::value,
+                         stream);
+  };
+  if (a.t <= 1) go(std::integral_constant<int, 1>{});
+  else if (a.t <= 2) go(std::integral_constant<int, 2>{});
+  else if (a.t <= 4) go(std::integral_constant<int, 4>{});
+  else if (a.t <= 8) go(std::integral_constant<int, 8>{});
+  else if (a.t <= 16) go(std::integral_constant<int, 16>{});
+  else if (a.t <= 32) go(std::integral_constant<int, 32>{});
+  else go(std::integral_constant<int, 64>{});
+}
+
+}  // namespace muser::cuda

@@ -1,0 +1,163 @@
+// The final norm nodes: RMSNorm and LayerNorm (without gamma/beta, which are
+// the mul_rows/add_rows nodes), one CTA of 256 threads per hidden state.
+//
+// Ggml order (routes graph, fused, reference): ggml's CPU arithmetic -- each
+// square (or value) rounded to f32, summed in double -- with the double sum
+// joined by a tree instead of in index order. The f32 mean equals the CPU's
+// unless the two double sums round to different floats (a relative gap of
+// ~1e-16 against a float spacing of ~6e-8), so in practice the normed bits
+// match the CPU's; nothing promises it (docs/numerics.md).
+//
+// Canonical order (route canonical): warp 0 computes the canonical dot
+// product x.x (lane l owns j = l mod 32, fmaf in increasing j, the butterfly
+// tree) exactly as dot_canon on the CPU, so the normed bits are the CPU's.
+//
+// Division and square root are IEEE (__fdiv_rn, __fsqrt_rn), as on the CPU.
+#include "cuda_check.h"
+#include "kernels.h"
+
+namespace muser::cuda {
+
+namespace {
+
+constexpr int kNormThreads = 256;
+
+// Sum of one double per thread over the CTA (tree); every thread gets it.
+__device__ double block_sum_double(double v, double* shared /*[kNormThreads / 32]*/) {
+  for (int off = 16; off >= 1; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  double s = 0.0;
+  for (int w = 0; w < kNormThreads / 32; ++w) s += shared[w];
+  __syncthreads();
+  return s;
+}
+
+// The canonical dot product of a with b over n (warp 0 computes; all get it).
+__device__ float block_dot_canon(const float* a, const float* b, int64_t n, float* shared) {
+  if (threadIdx.x < 32) {
+    float acc = 0.0f;
+    for (int64_t j = threadIdx.x; j < n; j += 32) acc = fmaf(a[j], b[j], acc);
+    for (int off = 16; off >= 1; off >>= 1) acc = acc + __shfl_down_sync(0xffffffffu, acc, off);
+    if (threadIdx.x == 0) shared[0] = acc;
+  }
+  __syncthreads();
+  const float v = shared[0];
+  __syncthreads();
+  return v;
+}
+
+__device__ float inv_sqrt_ieee(float v, float eps) { return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(v, eps))); }
+
+__global__ void rms_norm_ggml_kernel(const float* x, float* y, int64_t H, float eps) {
+  __shared__ double partial[kNormThreads / 32];
+  const float* xr = x + blockIdx.x * H;
+  float* yr = y + blockIdx.x * H;
+  double s = 0.0;
+  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) s += (double)__fmul_rn(xr[j], xr[j]);
+  const double sum = block_sum_double(s, partial);
+  const float mean = __double2float_rn(__ddiv_rn(sum, (double)H));
+  const float r = inv_sqrt_ieee(mean, eps);
+  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(xr[j], r);
+}
+
+__global__ void rms_norm_canon_kernel(const float* x, float* y, int64_t H, float eps) {
+  __shared__ float shared[1];
+  const float* xr = x + blockIdx.x * H;
+  float* yr = y + blockIdx.x * H;
+  const float ss = block_dot_canon(xr, xr, H, shared);
+  const float mean = __fdiv_rn(ss, (float)H);
+  const float r = inv_sqrt_ieee(mean, eps);
+  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(xr[j], r);
+}
+
+__global__ void layer_norm_ggml_kernel(const float* x, float* y, int64_t H, float eps) {
+  __shared__ double partial[kNormThreads / 32];
+  const float* xr = x + blockIdx.x * H;
+  float* yr = y + blockIdx.x * H;
+  double s = 0.0;
+  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) s += (double)xr[j];
+  const float mean = __double2float_rn(__ddiv_rn(block_sum_double(s, partial), (double)H));
+  double v2 = 0.0;
+  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) {
+    const float v = __fsub_rn(xr[j], mean);
+    yr[j] = v;
+    v2 += (double)__fmul_rn(v, v);
+  }
+  const float variance = __double2float_rn(__ddiv_rn(block_sum_double(v2, partial), (double)H));
+  const float r = inv_sqrt_ieee(variance, eps);
+  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(yr[j], r);
+}
+
+__global__ void layer_norm_canon_kernel(const float* x, float* y, int64_t H, float eps) {
+  __shared__ float shared[1];
+  const float* xr = x + blockIdx.x * H;
+  float* yr = y + blockIdx.x * H;
+  if (threadIdx.x < 32) {  // canonical sum: 32 lane chains of plain adds, then the tree
+    float acc = 0.0f;
+    for (int64_t j = threadIdx.x; j < H; j += 32) acc = __fadd_rn(acc, xr[j]);
+    for (int off = 16; off >= 1; off >>= 1) acc = acc + __shfl_down_sync(0xffffffffu, acc, off);
+    if (threadIdx.x == 0) shared[0] = acc;
+  }
+  __syncthreads();
+  const float mean = __fdiv_rn(shared[0], (float)H);
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fsub_rn(xr[j], mean);
+  __syncthreads();  // y is read back by warp 0 below
+  const float var = __fdiv_rn(block_dot_canon(yr, yr, H, shared), (float)H);
+  const float r = inv_sqrt_ieee(var, eps);
+  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(yr[j], r);
+}
+
+template <bool kMul>
+__global__ void rows_op_kernel(float* y, const float* v, int64_t n, int64_t total) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = kMul ? __fmul_rn(y[i], v[i % n]) : __fadd_rn(y[i], v[i % n]);
+}
+
+// ---- launchers ----
+
+void launch_rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t s) {
+  if (order == NormOrder::Ggml) rms_norm_ggml_kernel<<<t, kNormThreads, 0, s>>>(x, y, H, eps);
+  else rms_norm_canon_kernel<<<t, kNormThreads, 0, s>>>(x, y, H, eps);
+}
+
+void launch_layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t s) {
+  if (order == NormOrder::Ggml) layer_norm_ggml_kernel<<<t, kNormThreads, 0, s>>>(x, y, H, eps);
+  else layer_norm_canon_kernel<<<t, kNormThreads, 0, s>>>(x, y, H, eps);
+}
+
+template <bool kMul>
+void launch_rows_op(float* y, const float* v, int64_t n, int rows, cudaStream_t s) {
+  const int64_t total = n * rows;
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 4096);
+  rows_op_kernel<kMul><<<(unsigned)blocks, threads, 0, s>>>(y, v, n, total);
+}
+
+}  // namespace
+
+// ---- checked entries ----
+
+void rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream) {
+  launch_rms_norm(x, y, H, t, eps, order, stream);
+  check_launch(order == NormOrder::Ggml ? "rms_norm_ggml" : "rms_norm_canon");
+}
+
+void layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream) {
+  launch_layer_norm(x, y, H, t, eps, order, stream);
+  check_launch(order == NormOrder::Ggml ? "layer_norm_ggml" : "layer_norm_canon");
+}
+
+void mul_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t stream) {
+  launch_rows_op<true>(y, v, n, rows, stream);
+  check_launch("mul_rows");
+}
+
+void add_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t stream) {
+  launch_rows_op<false>(y, v, n, rows, stream);
+  check_launch("add_rows");
+}
+
+}  // namespace muser::cuda

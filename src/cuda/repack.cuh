@@ -1,0 +1,76 @@
+// The device layout of Q4_K/Q5_K weights: each block is permuted once at load
+// (repack_weight) so that a lane's bytes are contiguous. Values are untouched;
+// the header (d, dmin, 12 scale bytes) keeps its place.
+//
+//   Q5_K (176 B):  [0,16) header | [16,48) qh' | [48,176) qs'
+//   Q4_K (144 B):  [0,16) header | [16,144) qs'
+//   qs' word l (4 bytes) = qs[l], qs[32+l], qs[64+l], qs[96+l]: lane l's quant
+//       bytes for sub-blocks (0,1), (2,3), (4,5), (6,7) (low nibble: even sub-block)
+//   qh' byte l: bit c = 5th bit of element 64c + l (sub-block 2c),
+//               bit 4+c = 5th bit of element 64c + 32 + l (sub-block 2c+1)
+//
+// unpack_* restores the GGUF block so dequant.h (the one definition of a
+// weight's value) applies unchanged; the reference kernel uses it.
+#pragma once
+#include "muser/quant_blocks.h"
+
+namespace muser::cuda {
+
+constexpr int kKQuantHeaderBytes = 16;
+constexpr int kQ5KHighBitsOffset = 16;  // qh' in a repacked Q5_K block
+constexpr int kQ5KQuantsOffset = 48;    // qs' in a repacked Q5_K block
+constexpr int kQ4KQuantsOffset = 16;    // qs' in a repacked Q4_K block
+
+MUSER_HD uint8_t q5k_packed_high_bits(uint8_t qh) {
+  uint8_t out = 0;
+  for (int c = 0; c < 4; ++c) {
+    out |= (uint8_t)(((qh >> (2 * c)) & 1) << c);
+    out |= (uint8_t)(((qh >> (2 * c + 1)) & 1) << (4 + c));
+  }
+  return out;
+}
+
+MUSER_HD uint8_t q5k_unpacked_high_bits(uint8_t packed) {
+  uint8_t qh = 0;
+  for (int c = 0; c < 4; ++c) {
+    qh |= (uint8_t)(((packed >> c) & 1) << (2 * c));
+    qh |= (uint8_t)(((packed >> (4 + c)) & 1) << (2 * c + 1));
+  }
+  return qh;
+}
+
+// In place: qs (128 bytes at p) from GGUF order to lane-word order.
+MUSER_HD void permute_quants_to_lanes(uint8_t* p) {
+  uint8_t tmp[128];
+  for (int i = 0; i < 128; ++i) tmp[i] = p[i];
+  for (int l = 0; l < 32; ++l)
+    for (int c = 0; c < 4; ++c) p[4 * l + c] = tmp[32 * c + l];
+}
+
+MUSER_HD void permute_quants_from_lanes(const uint8_t* p, uint8_t* qs) {
+  for (int l = 0; l < 32; ++l)
+    for (int c = 0; c < 4; ++c) qs[32 * c + l] = p[4 * l + c];
+}
+
+MUSER_HD void repack_block_q5_k(uint8_t* b) {
+  // GGUF: header, qh[32] at 16, qs[128] at 48 -- the same offsets as the device layout
+  for (int l = 0; l < 32; ++l) b[kQ5KHighBitsOffset + l] = q5k_packed_high_bits(b[kQ5KHighBitsOffset + l]);
+  permute_quants_to_lanes(b + kQ5KQuantsOffset);
+}
+
+MUSER_HD void repack_block_q4_k(uint8_t* b) { permute_quants_to_lanes(b + kQ4KQuantsOffset); }
+
+MUSER_HD void unpack_block_q5_k(const uint8_t* b, BlockQ5_K* out) {
+  uint8_t* o = reinterpret_cast<uint8_t*>(out);
+  for (int i = 0; i < kKQuantHeaderBytes; ++i) o[i] = b[i];
+  for (int l = 0; l < 32; ++l) out->qh[l] = q5k_unpacked_high_bits(b[kQ5KHighBitsOffset + l]);
+  permute_quants_from_lanes(b + kQ5KQuantsOffset, out->qs);
+}
+
+MUSER_HD void unpack_block_q4_k(const uint8_t* b, BlockQ4_K* out) {
+  uint8_t* o = reinterpret_cast<uint8_t*>(out);
+  for (int i = 0; i < kKQuantHeaderBytes; ++i) o[i] = b[i];
+  permute_quants_from_lanes(b + kQ4KQuantsOffset, out->qs);
+}
+
+}  // namespace muser::cuda
