@@ -40,4 +40,5 @@ NB_MODULE(_core, m) {
   muser::py::bind_gguf(m);
   muser::py::bind_quant(m);
   muser::py::bind_head(m);
+  muser::py::bind_cuda(m);
 }

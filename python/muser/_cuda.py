@@ -1,0 +1,203 @@
+"""The CUDA side of :class:`muser.Head`: device hidden states in, device logits
+out without a copy, and argmax/top-k ranked on the GPU so only the winners
+cross the bus. ``Head.__call__``, ``argmax`` and ``topk`` route here for CUDA
+heads; everything else about a CUDA head goes through the common path.
+
+Device arrays are recognised by ``__cuda_array_interface__`` (CuPy, PyTorch,
+Numba) or ``__dlpack__`` with a CUDA device. Our kernels run on a stream that
+waits for the legacy default stream, where PyTorch and CuPy queue their work
+unless told otherwise; a hidden state written on another stream must be
+synchronized by the caller first.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from . import _core
+
+_KDL_CUDA = 2  # DLPack device type of CUDA memory
+
+
+def device_count() -> int:
+    """GPUs muser can use (0 without a CUDA build, driver or GPU; never raises)."""
+    return int(_core.cuda_device_count())
+
+
+def no_device_reason() -> str:
+    """Why :func:`device_count` is 0 ('' when it is not)."""
+    return str(_core.cuda_no_device_reason())
+
+
+class DeviceArray:
+    """Logits in GPU memory, shared without a copy.
+
+    Exposes ``__cuda_array_interface__`` (``cupy.asarray(x)``,
+    ``torch.as_tensor(x, device="cuda")``) and ``__dlpack__``
+    (``torch.from_dlpack(x)``, ``cupy.from_dlpack(x)``). It keeps the head's
+    device buffer (and the head) alive for as long as it, or anything made
+    from it, exists. It is the head's buffer: the head's next CUDA call
+    overwrites it (unless the call needs a larger one) -- copy what you keep.
+    """
+
+    __slots__ = ("_nd", "_ptr", "shape", "device_id")
+
+    def __init__(self, nd: Any, ptr: int, shape: tuple, device_id: int):
+        self._nd = nd  # nanobind's DLPack ndarray: owns the buffer
+        self._ptr = int(ptr)
+        self.shape = tuple(int(s) for s in shape)
+        self.device_id = int(device_id)
+
+    dtype = np.dtype(np.float32)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.size
+
+    @property
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        # stream None: the data is complete (every muser call ends synchronized)
+        return {"shape": self.shape, "typestr": "<f4", "data": (self._ptr, False), "strides": None,
+                "version": 3, "stream": None}
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Optional[bool] = None) -> Any:
+        del stream  # already synchronized: no producer stream to wait for
+        kwargs = {}
+        if max_version is not None:
+            kwargs["max_version"] = max_version
+        if dl_device is not None:
+            kwargs["dl_device"] = dl_device
+        if copy is not None:
+            kwargs["copy"] = copy
+        return self._nd.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple:
+        return (_KDL_CUDA, self.device_id)
+
+    def get(self) -> np.ndarray:
+        """A new host copy (numpy)."""
+        return np.asarray(_core.cuda_copy_to_host(self._ptr, self.size)).reshape(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"muser.DeviceArray(shape={self.shape}, dtype=float32, device='cuda:{self.device_id}')"
+
+
+def is_device_array(obj: Any) -> bool:
+    """Whether ``obj`` is an array in GPU memory (CUDA array interface or CUDA DLPack)."""
+    if isinstance(obj, np.ndarray):
+        return False
+    if hasattr(obj, "__cuda_array_interface__"):
+        return True
+    dev = getattr(obj, "__dlpack_device__", None)
+    if dev is None:
+        return False
+    try:
+        return int(dev()[0]) == _KDL_CUDA
+    except Exception:  # noqa: BLE001 -- a foreign object's protocol failure means "not ours"
+        return False
+
+
+def _device_rows(hidden: Any, H: int) -> tuple[int, int, bool]:
+    """(address, t, single) of a float32 [H] or [t, H] C-contiguous device array."""
+    cai = getattr(hidden, "__cuda_array_interface__", None)
+    if cai is not None:
+        typestr, shape, strides, ptr = cai["typestr"], tuple(cai["shape"]), cai.get("strides"), cai["data"][0]
+        if typestr != "<f4":
+            raise TypeError(f"hidden must be float32, got typestr {typestr!r}")
+        contiguous = strides is None or tuple(strides) == tuple(
+            int(np.prod(shape[i + 1:])) * 4 for i in range(len(shape)))
+    else:
+        ptr, shape, strides_el, dtype, _, _ = _core.cuda_array_info(hidden)
+        if dtype != "float32":
+            raise TypeError("hidden must be float32")
+        shape = tuple(shape)
+        contiguous = tuple(strides_el) == tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+    if len(shape) not in (1, 2) or shape[-1] != H:
+        raise ValueError(f"hidden must have shape [H] or [t, H] with H={H}, got {shape}")
+    if not contiguous:
+        raise ValueError("a device hidden state must be C-contiguous")
+    single = len(shape) == 1
+    return int(ptr), 1 if single else int(shape[0]), single
+
+
+def _host_rows(hidden: Any, H: int) -> tuple[np.ndarray, bool]:
+    arr = np.asarray(hidden)
+    if arr.dtype != np.float32:
+        raise TypeError(f"hidden must be float32, got {arr.dtype}")
+    single = arr.ndim == 1
+    if single:
+        arr = arr[None, :]
+    if arr.ndim != 2 or arr.shape[1] != H:
+        raise ValueError(f"hidden must have shape [H] or [t, H] with H={H}, got {np.shape(hidden)}")
+    return np.ascontiguousarray(arr), single
+
+
+def _inputs(head: Any, hidden: Any) -> tuple[Optional[np.ndarray], int, int, bool]:
+    H = head.spec.hidden_size
+    if is_device_array(hidden):
+        ptr, t, single = _device_rows(hidden, H)
+        return None, ptr, t, single
+    rows, single = _host_rows(hidden, H)
+    return rows, 0, rows.shape[0], single
+
+
+def call(head: Any, hidden: Any, *, on_device: bool, out: Optional[np.ndarray],
+         check_finite: bool) -> Union[np.ndarray, DeviceArray]:
+    """``head(hidden, on_device=...)`` for a CUDA head (host or device hidden)."""
+    if not head.device.startswith("cuda"):
+        raise ValueError(f"on_device=True and device hidden states need a CUDA head; this one is on {head.device!r}")
+    rows, ptr, t, single = _inputs(head, hidden)
+    nd, addr, _ = _core.cuda_run(head._core, rows, ptr, t, single, False, check_finite)
+    V = head.spec.vocab_size
+    logits = DeviceArray(nd, addr, (V,) if single else (t, V), int(head.device.split(":")[1]))
+    if on_device:
+        if out is not None:
+            raise ValueError("out= takes host memory; with on_device=True the result is the head's device buffer")
+        return logits
+    host = logits.get()
+    if out is not None:
+        out[...] = host
+        return out
+    return host
+
+
+def topk(head: Any, hidden: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best tokens per row, ranked on the GPU; only ids and values come back."""
+    rows, ptr, t, single = _inputs(head, hidden)
+    k = int(k)
+    if k > 1024:  # beyond the device kernel's range: rank the host copy
+        logits = call(head, hidden, on_device=False, out=None, check_finite=True)
+        ids, vals = _core.topk_rows(np.ascontiguousarray(logits.reshape(t, -1)), k)
+    else:
+        ids, vals = _core.cuda_topk(head._core, rows, ptr, t, k, True)
+    ids = np.asarray(ids, dtype=np.int64).reshape(t, k)
+    vals = np.asarray(vals, dtype=np.float32).reshape(t, k)
+    return (ids[0], vals[0]) if single else (ids, vals)
+
+
+def argmax(head: Any, hidden: Any) -> Union[int, np.ndarray]:
+    """Index of the largest logit per row, found on the GPU."""
+    ids, _ = topk(head, hidden, 1)
+    return int(ids[0]) if ids.ndim == 1 else ids[:, 0]
+
+
+def read_bandwidth(nbytes: int, iters: int = 20, device: int = 0) -> list[float]:
+    """Seconds of each timed pass of a read-only kernel over ``nbytes`` (the read limit)."""
+    return list(_core.cuda_read_bandwidth(int(nbytes), int(iters), int(device)))
