@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from . import _core
+from . import _core, _cuda
 
 ROUTES = ("reference", "fused", "graph", "canonical", "pinned")
 PathLike = Union[str, "os.PathLike[str]"]
@@ -207,13 +207,22 @@ class Head:
             arr = np.ascontiguousarray(arr)
         return arr, single
 
-    def __call__(self, hidden: Any, *, out: Optional[np.ndarray] = None, check_finite: bool = True) -> np.ndarray:
+    def __call__(self, hidden: Any, *, out: Optional[np.ndarray] = None, check_finite: bool = True,
+                 on_device: bool = False) -> Any:
         """Logits for one hidden state ``[H]`` (→ ``[V]``) or a batch ``[t, H]`` (→ ``[t, V]``).
 
         Returns a zero-copy view of the head's buffer (overwritten by the next call),
         or ``out`` (shape ``[V]`` or ``[t, V]``, float32, C-contiguous) when given.
         Row r of a t-token call equals the single-token call on row r, bit for bit.
+
+        CUDA heads also take ``hidden`` in GPU memory (CuPy, PyTorch: anything with
+        ``__cuda_array_interface__`` or CUDA ``__dlpack__``), and ``on_device=True``
+        returns the logits as a :class:`muser._cuda.DeviceArray` -- the head's device
+        buffer without a copy, for ``torch.from_dlpack`` / ``cupy.asarray``. A device
+        hidden state with ``on_device=False`` gives a new host array.
         """
+        if on_device or _cuda.is_device_array(hidden):
+            return _cuda.call(self, hidden, on_device=on_device, out=out, check_finite=check_finite)
         rows, single = self._rows(hidden)
         if self._pinned is not None:
             if check_finite and not np.isfinite(rows).all():
@@ -247,6 +256,8 @@ class Head:
         Ties go to the lowest token id; NaN never wins. The soft cap is strictly
         increasing, so this is also the argmax of the uncapped scores.
         """
+        if self.device.startswith("cuda"):
+            return _cuda.argmax(self, hidden)  # ranked on the GPU: only the ids come back
         rows, single = self._rows(hidden)
         ids = np.asarray(_core.argmax_rows(self(rows)), dtype=np.int64)
         return int(ids[0]) if single else ids
@@ -256,6 +267,8 @@ class Head:
 
         Ties go to the lowest token id.
         """
+        if self.device.startswith("cuda"):
+            return _cuda.topk(self, hidden, k)  # ranked on the GPU: only the winners come back
         rows, single = self._rows(hidden)
         ids, vals = _core.topk_rows(self(rows), int(k))
         ids = np.asarray(ids, dtype=np.int64).reshape(rows.shape[0], k)
