@@ -1,0 +1,195 @@
+"""The CUDA head benchmark: muser's routes against the GPU's read limit and
+PyTorch's bf16 ``F.linear``, all measured in one run on one GPU.
+
+The limit is a read-only kernel streaming a buffer the size of the LM-head
+weight (muser's own, ``_core.cuda_read_bandwidth``). Each route is timed two
+ways: *device* time, the sum of its nodes' CUDA-event times (what the
+kernels cost; ``lm_head`` is the matvec alone), and *call* time, the wall
+clock of ``head(hidden_on_gpu, on_device=True)`` including Python, launches
+and the final synchronize. Medians over ``--reps`` after ``--warmup``.
+
+Entry points: ``python bench/cuda_head.py`` and :func:`main` (for a CLI
+wrapper such as ``python -m muser bench --device cuda``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+import numpy as np
+
+SEED_SHAPE = dict(hidden=6656, vocab=202048, weight_type="Q5_K")  # the seed's head, 924,571,648 bytes
+
+
+def write_random_head(path: str, hidden: int, vocab: int, weight_type: str, seed: int = 0) -> str:
+    """A Muse Glimmer-style head with random well-formed blocks (fast: no quantization).
+
+    Random quants and small f16 scales are fine for timing (never zeros, which
+    can run faster than real data); the metadata is write_head_gguf's.
+    """
+    import gguf
+
+    from .fixtures import MUSE_GLIMMER, random_blocks
+
+    rng = np.random.default_rng(seed)
+    arch = "muse-glimmer"
+    w = gguf.GGUFWriter(path, arch)
+    w.add_uint32(f"{arch}.embedding_length", hidden)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", MUSE_GLIMMER["eps"])
+    w.add_float32(f"{arch}.logit_scale", MUSE_GLIMMER["logit_scale"])
+    w.add_float32(f"{arch}.final_logit_softcapping", MUSE_GLIMMER["softcap"])
+    w.add_uint32(f"{arch}.vocab_size", vocab)
+    w.add_tensor("output_norm.weight", (1.0 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+    data = np.concatenate([random_blocks(weight_type, min(8192, vocab - r0), hidden, rng)
+                           for r0 in range(0, vocab, 8192)])
+    w.add_tensor("output.weight", data, raw_dtype=getattr(gguf.GGMLQuantizationType, weight_type))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=False)
+    w.close()
+    return path
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def time_route(head: Any, x_host: np.ndarray, x_dev: Any, warmup: int, reps: int) -> dict:
+    """Device time (sum of node events) and lm_head time from profile(); call time on device input."""
+    for _ in range(warmup):
+        head.profile(x_host)
+        head(x_dev, on_device=True)
+    totals, matvec, per_label = [], [], {}
+    for _ in range(reps):
+        prof = head.profile(x_host)
+        totals.append(sum(p.seconds for p in prof))
+        for p in prof:
+            per_label.setdefault(p.label, []).append(p.seconds)
+        matvec.append(next(p.seconds for p in prof if p.label == "lm_head"))
+    calls = []
+    for _ in range(reps):
+        s = time.perf_counter()
+        head(x_dev, on_device=True)
+        calls.append(time.perf_counter() - s)
+    return {"device_s": _median(totals), "lm_head_s": _median(matvec), "call_s": _median(calls),
+            "nodes": {k: _median(v) for k, v in per_label.items()}}
+
+
+def time_torch_linear(hidden: int, vocab: int, t: int, warmup: int, reps: int) -> Optional[float]:
+    try:
+        import torch
+    except ImportError:
+        return None
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn((vocab, hidden), device="cuda", dtype=torch.bfloat16, generator=g)
+    x = torch.randn((t, hidden), device="cuda", dtype=torch.bfloat16, generator=g)
+    f = torch.nn.functional.linear
+    for _ in range(warmup):
+        f(x, w)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        f(x, w)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    del w, x
+    torch.cuda.empty_cache()
+    return _median(times)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hidden", type=int, default=SEED_SHAPE["hidden"])
+    p.add_argument("--vocab", type=int, default=SEED_SHAPE["vocab"])
+    p.add_argument("--weight-type", default=SEED_SHAPE["weight_type"])
+    p.add_argument("--routes", default="graph,fused,canonical")
+    p.add_argument("--tokens", default="1,8")
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--file", help="use (or keep) this GGUF instead of a temporary one")
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' for stdout)")
+    args = p.parse_args(argv)
+
+    import muser
+    from muser import _core
+
+    if not muser.build_info()["cuda"] or _core.cuda_device_count() == 0:
+        print("muser bench --device cuda: " + (_core.cuda_no_device_reason() or "no CUDA backend"), file=sys.stderr)
+        return 2
+    ordinal = int(args.device.split(":")[1]) if ":" in args.device else 0
+    tmp = None
+    path = args.file
+    if not path or not os.path.exists(path):
+        if not path:
+            tmp = tempfile.TemporaryDirectory(prefix="muser-cuda-bench-")
+            path = os.path.join(tmp.name, "head.gguf")
+        s = time.perf_counter()
+        write_random_head(path, args.hidden, args.vocab, args.weight_type)
+        print(f"wrote {path} ({os.path.getsize(path) / 1e6:,.1f} MB) in {time.perf_counter() - s:.1f} s",
+              file=sys.stderr)
+
+    desc = _core.cuda_device_description(ordinal)
+    results: dict = {"device": desc, "shape": [args.vocab, args.hidden], "weight_type": args.weight_type,
+                     "warmup": args.warmup, "reps": args.reps, "routes": []}
+    heads = {r: muser.Head.load(path, device=args.device, route=r) for r in args.routes.split(",")}
+    wbytes = next(iter(heads.values())).weight_bytes
+    results["weight_bytes"] = wbytes
+    limit = _median(_core.cuda_read_bandwidth(wbytes, args.reps, ordinal))
+    results["read_limit_s"] = limit
+
+    import torch  # the device hidden states (torch is on the device machines; cupy would do too)
+
+    rng = np.random.default_rng(1)
+    for t in (int(v) for v in args.tokens.split(",")):
+        x = rng.standard_normal((t, args.hidden), dtype=np.float32)
+        xd = torch.from_numpy(x).to(f"cuda:{ordinal}")
+        for route, head in heads.items():
+            r = time_route(head, x, xd, args.warmup, args.reps)
+            r.update(route=route, t=t)
+            results["routes"].append(r)
+    # the limit again after the routes: the clock and the memory are warm by now
+    limit2 = _median(_core.cuda_read_bandwidth(wbytes, args.reps, ordinal))
+    results["read_limit_after_s"] = limit2
+    del heads
+    if not args.no_torch:
+        results["torch_bf16_linear_s"] = {str(t): time_torch_linear(args.hidden, args.vocab, int(t), args.warmup,
+                                                                    args.reps) for t in args.tokens.split(",")}
+
+    us = lambda s: f"{s * 1e6:9.1f}"  # noqa: E731
+    print(f"muser CUDA head bench: {desc}")
+    print(f"LM head {args.weight_type} [{args.vocab:,} x {args.hidden:,}] = {wbytes:,} bytes; "
+          f"medians of {args.reps} after {args.warmup} warm-ups")
+    print(f"read limit: {us(limit)} us ({wbytes / limit / 1e9:,.0f} GB/s); after the routes: {us(limit2)} us")
+    print(f"{'route':<10} {'t':>3} {'lm_head us':>11} {'x limit':>8} {'route us':>10} {'x limit':>8} {'call us':>10}")
+    for r in results["routes"]:
+        print(f"{r['route']:<10} {r['t']:>3} {us(r['lm_head_s']):>11} {r['lm_head_s'] / limit:>8.3f} "
+              f"{us(r['device_s']):>10} {r['device_s'] / limit:>8.3f} {us(r['call_s']):>10}")
+    for t, s in (results.get("torch_bf16_linear_s") or {}).items():
+        if s is not None:
+            print(f"torch bf16 F.linear t={t}: {us(s)} us ({s / limit:.3f} x the limit; reads "
+                  f"{2 * args.vocab * args.hidden:,} bytes of bf16 weight)")
+    if args.json:
+        text = json.dumps(results, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text)
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

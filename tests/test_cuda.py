@@ -1,0 +1,258 @@
+"""The CUDA backend against the CPU backend (run on a GPU; skipped elsewhere).
+
+canonical: CUDA logits == CPU logits bit for bit (t = 1, 3, 8, 64, every
+weight type); graph/fused/reference: the pre-epilogue logits bit for bit
+(softcap and logit scale switched off), the full route within the platforms'
+tanhf difference; batch rows == single steps; zero-copy device logits through
+DLPack and __cuda_array_interface__ (PyTorch, CuPy) and their lifetime;
+device hidden states; top-k on the device; errors as muser.Error.
+"""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import muser
+from muser import _core
+
+pytest.importorskip("gguf", reason="the gguf package writes the test heads")
+from muser.fixtures import write_head_gguf  # noqa: E402
+
+if not muser.build_info()["cuda"]:
+    _skip = "this build of muser has no CUDA backend (built without nvcc)"
+elif _core.cuda_device_count() == 0:
+    _skip = "no GPU: " + _core.cuda_no_device_reason()
+else:
+    _skip = ""
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_skip), reason=_skip or "-")]
+
+# hidden sizes chosen to hit the awkward cases: an odd number of K-quant
+# blocks, Q8_0 rows that end mid-unit (33 blocks), float rows not a multiple of 32
+SHAPES = {"Q5_K": 1280, "Q4_K": 1280, "Q6_K": 1280, "Q8_0": 1056, "F16": 1000, "BF16": 1000, "F32": 1000}
+VOCAB = 5003
+ROUTES = ("graph", "fused", "canonical", "reference")
+
+
+@pytest.fixture(scope="module")
+def heads_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("cuda-heads")
+
+
+@pytest.fixture(scope="module")
+def head_file(heads_dir):
+    cache = {}
+
+    def get(weight_type: str) -> str:
+        if weight_type not in cache:
+            cache[weight_type] = write_head_gguf(heads_dir / f"{weight_type}.gguf", hidden=SHAPES[weight_type],
+                                                 vocab=VOCAB, weight_type=weight_type, seed=7)
+        return cache[weight_type]
+    return get
+
+
+def hidden_states(H: int, t: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((t, H), dtype=np.float32) * np.float32(1.5)
+
+
+def bits(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def assert_bitwise(got, want, what: str) -> None:
+    g, w = bits(got), bits(want)
+    if not np.array_equal(g, w):
+        diff = np.argwhere(g != w)
+        first = tuple(diff[0])
+        raise AssertionError(f"{what}: {len(diff)} of {g.size} logits differ; first at {first}: "
+                             f"cuda {np.asarray(got)[first]!r} vs cpu {np.asarray(want)[first]!r}")
+
+
+@pytest.mark.parametrize("weight_type", list(SHAPES))
+def test_canonical_bitwise_equal_to_cpu(head_file, weight_type):
+    path = head_file(weight_type)
+    cpu = muser.Head.load(path, device="cpu", route="canonical")
+    gpu = muser.Head.load(path, device="cuda", route="canonical")
+    for t in (1, 3, 8, 64):
+        x = hidden_states(SHAPES[weight_type], t, seed=t)
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}")
+
+
+@pytest.mark.parametrize("route", ("graph", "fused", "reference"))
+@pytest.mark.parametrize("weight_type", list(SHAPES))
+def test_pre_epilogue_logits_bitwise_equal_to_cpu(head_file, weight_type, route):
+    # softcap and logit scale off: what is left is norm + matvec, which the
+    # CUDA kernels compute in the CPU's order
+    path = head_file(weight_type)
+    cpu = muser.Head.load(path, device="cpu", route=route, softcap=None, logit_scale=None)
+    gpu = muser.Head.load(path, device="cuda", route=route, softcap=None, logit_scale=None)
+    x = hidden_states(SHAPES[weight_type], 5, seed=11)
+    assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} {route} without epilogue")
+
+
+@pytest.mark.parametrize("route", ("graph", "fused", "reference"))
+def test_full_route_close_to_cpu(head_file, route):
+    # only the platform's tanhf differs (CUDA's vs glibc's: a few ulp of tanh, times cap)
+    path = head_file("Q5_K")
+    cpu = muser.Head.load(path, device="cpu", route=route)
+    gpu = muser.Head.load(path, device="cuda", route=route)
+    x = hidden_states(SHAPES["Q5_K"], 8, seed=3)
+    got, want = gpu(x), cpu(x).copy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+    assert np.abs(got).max() < 20.0
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_batch_rows_equal_single_steps(head_file, route):
+    path = head_file("Q5_K")
+    gpu = muser.Head.load(path, device="cuda", route=route)
+    x = hidden_states(SHAPES["Q5_K"], 9, seed=5)
+    batch = gpu(x).copy()
+    for r in range(x.shape[0]):
+        assert_bitwise(gpu(x[r]), batch[r], f"{route} row {r} alone vs in a batch of 9")
+
+
+def test_host_logits_are_a_pinned_zero_copy_view(head_file):
+    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route="canonical")
+    x = hidden_states(SHAPES["Q5_K"], 2)
+    a = gpu(x)
+    assert not a.flags.owndata  # a view of the head's buffer
+    first = a.copy()
+    del gpu
+    gc.collect()
+    assert_bitwise(a, first, "host view after the head is gone")
+
+
+def test_on_device_logits_zero_copy_torch(head_file):
+    torch = pytest.importorskip("torch")
+    path = head_file("Q5_K")
+    gpu = muser.Head.load(path, device="cuda", route="canonical")
+    x = hidden_states(SHAPES["Q5_K"], 4)
+    host = gpu(x).copy()
+    dev = gpu(x, on_device=True)
+    assert dev.shape == (4, VOCAB) and "cuda" in repr(dev)
+    t_dl = torch.from_dlpack(dev)
+    t_cai = torch.as_tensor(dev, device="cuda")
+    assert t_dl.is_cuda and t_dl.data_ptr() == dev.data_ptr == t_cai.data_ptr()  # no copy
+    assert_bitwise(t_dl.cpu().numpy(), host, "torch.from_dlpack(device logits)")
+    del gpu, dev, t_cai
+    gc.collect()
+    torch.cuda.synchronize()
+    # the tensor owns the head's device buffer: still valid without the head
+    assert_bitwise(t_dl.cpu().numpy(), host, "device logits after the head is gone")
+
+
+def test_on_device_logits_zero_copy_cupy(head_file):
+    cp = pytest.importorskip("cupy")
+    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route="canonical")
+    x = hidden_states(SHAPES["Q5_K"], 1)[0]
+    host = gpu(x).copy()
+    dev = gpu(x, on_device=True)
+    assert dev.shape == (VOCAB,)
+    a = cp.asarray(dev)
+    b = cp.from_dlpack(dev)
+    assert a.data.ptr == b.data.ptr == dev.data_ptr
+    assert_bitwise(cp.asnumpy(a), host, "cupy.asarray(device logits)")
+    assert_bitwise(dev.get(), host, "DeviceArray.get()")
+    del gpu, dev
+    gc.collect()
+    assert_bitwise(cp.asnumpy(b), host, "cupy view after the head is gone")
+
+
+def test_device_hidden_states(head_file):
+    torch = pytest.importorskip("torch")
+    cp = pytest.importorskip("cupy")
+    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route="canonical")
+    x = hidden_states(SHAPES["Q5_K"], 3)
+    want = gpu(x).copy()
+    assert_bitwise(gpu(torch.from_numpy(x).cuda()), want, "torch hidden -> host logits")
+    assert_bitwise(gpu(cp.asarray(x)), want, "cupy hidden -> host logits")
+    dev = gpu(torch.from_numpy(x).cuda(), on_device=True)
+    assert_bitwise(dev.get(), want, "torch hidden -> device logits")
+    assert_bitwise(gpu(torch.from_numpy(x[1]).cuda()), want[1], "one device hidden state")
+    with pytest.raises(TypeError):
+        gpu(torch.zeros((1, SHAPES["Q5_K"]), dtype=torch.float16, device="cuda"))
+    with pytest.raises(ValueError):
+        gpu(torch.zeros((1, 7), device="cuda"))
+    with pytest.raises(ValueError):
+        gpu(torch.from_numpy(x).cuda().t())  # not C-contiguous
+
+
+def test_nonfinite_device_hidden_is_named(head_file):
+    torch = pytest.importorskip("torch")
+    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route="graph")
+    x = hidden_states(SHAPES["Q5_K"], 3)
+    x[2, 17] = np.nan
+    with pytest.raises(muser.NonFiniteError, match="row 2, column 17"):
+        gpu(torch.from_numpy(x).cuda())
+    with pytest.raises(muser.NonFiniteError, match="row 2, column 17"):
+        gpu(x)
+    out = gpu(torch.from_numpy(x).cuda(), check_finite=False)
+    assert np.isnan(out[2]).all() and np.isfinite(out[:2]).all()
+
+
+@pytest.mark.parametrize("route", ("graph", "canonical"))
+def test_topk_and_argmax_on_device(head_file, route):
+    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route=route)
+    x = hidden_states(SHAPES["Q5_K"], 6, seed=9)
+    logits = gpu(x).copy()
+    for k in (1, 5, 64, 1024, 2000):
+        ids, vals = gpu.topk(x, k)
+        want_ids, want_vals = _core.topk_rows(logits, k)
+        assert np.array_equal(ids, np.asarray(want_ids).reshape(6, k)), f"k={k}"
+        assert_bitwise(vals, np.asarray(want_vals, dtype=np.float32).reshape(6, k), f"top-{k} values")
+    assert np.array_equal(gpu.argmax(x), np.argmax(logits, axis=1))
+    assert gpu.argmax(x[4]) == int(np.argmax(logits[4]))
+    ids, vals = gpu.topk(x[0], 3)
+    assert ids.shape == (3,) and vals.shape == (3,)
+
+
+def test_topk_ties_go_to_the_lowest_id(heads_dir):
+    H, V = 512, 3000
+    w = np.random.default_rng(4).standard_normal((V, H), dtype=np.float32) * np.float32(0.02)
+    w[7] = w[10] = w[1700] = w[2500] = w[7] * 3  # four identical rows, the best by far
+    path = write_head_gguf(heads_dir / "ties.gguf", hidden=H, vocab=V, weight_type="Q8_0", weight=w, seed=4)
+    gpu = muser.Head.load(path, device="cuda", route="canonical")
+    x = np.ascontiguousarray(w[7][None, :] * 50.0, dtype=np.float32)
+    ids, vals = gpu.topk(x, 4)
+    assert ids.tolist() == [[7, 10, 1700, 2500]] and len(set(bits(vals[0]).tolist())) == 1
+    assert gpu.argmax(x[0]) == 7
+
+
+def test_profile_books_the_lm_head_under_its_own_label(heads_dir):
+    path = write_head_gguf(heads_dir / "profile.gguf", hidden=1024, vocab=32771, weight_type="Q5_K", seed=2)
+    gpu = muser.Head.load(path, device="cuda", route="graph")
+    x = hidden_states(1024, 1)
+    gpu(x)
+    prof = gpu.profile(x)
+    assert [p.label for p in prof] == [label for label, _ in gpu.nodes]
+    by_label = {p.label: p for p in prof}
+    head_time = by_label["lm_head"].seconds
+    assert head_time > 0 and all(p.seconds >= 0 for p in prof)
+    assert head_time == max(p.seconds for p in prof)
+    assert head_time > sum(by_label[k].seconds for k in ("softcap_scale_in", "softcap_tanh", "softcap_scale_out"))
+
+
+def test_bad_ordinal_is_a_device_error(head_file):
+    with pytest.raises(muser.DeviceError, match="cuda:99"):
+        muser.Head.load(head_file("Q5_K"), device="cuda:99")
+
+
+def test_out_of_memory_is_a_device_error_naming_bytes():
+    with pytest.raises(muser.DeviceError, match=r"out of device memory .* 1,125,899,906,842,624 bytes"):
+        _core.cuda_read_bandwidth(1 << 50, 1)
+    # the device is still usable afterwards
+    assert len(_core.cuda_read_bandwidth(1 << 20, 2)) == 2
+
+
+def test_q8_activations_are_refused_clearly(head_file):
+    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route="graph", acts="q8")
+    with pytest.raises(muser.DeviceError, match="q8"):
+        gpu(hidden_states(SHAPES["Q5_K"], 1))
+
+
+def test_on_device_needs_a_cuda_head(head_file):
+    cpu = muser.Head.load(head_file("Q5_K"), device="cpu")
+    with pytest.raises(ValueError, match="CUDA head"):
+        cpu(hidden_states(SHAPES["Q5_K"], 1), on_device=True)
