@@ -280,3 +280,17 @@ def test_cli_usage_errors_exit_2(tmp_path, pair, capsys):
     assert _run_cli(["compare", str(tmp_path / "a.npy"), str(tmp_path / "nope.npy")]) == 2
     assert "muser compare:" in capsys.readouterr().err
     assert _run_cli(["compare", str(tmp_path / "a.npy"), str(tmp_path / "a.npy"), "--max-delta", "1"]) == 2
+
+
+def test_python_dash_m_muser_compare(tmp_path, pair):
+    import subprocess
+    import sys
+
+    a, b = pair
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    out = subprocess.run([sys.executable, "-m", "muser", "compare", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+                          "--json", "--max-delta", "2", "--mean-delta", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr  # max |delta| is 3: the policy fails
+    d = json.loads(out.stdout)
+    assert d["policy"]["passed"] is False and d["policy"]["offending_rows"] == [5]

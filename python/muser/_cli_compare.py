@@ -39,7 +39,7 @@ def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentPar
     p.add_argument("--mean-delta", type=float, default=None, help="policy: require mean |a-b| < this")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--per-row", action="store_true", help="with --json, include per-row statistics")
-    p.set_defaults(func=run)
+    p.set_defaults(fn=run, func=run)  # muser.__main__ dispatches on args.fn
     return p
 
 
