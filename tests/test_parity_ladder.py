@@ -106,6 +106,15 @@ def test_rung1_bf16_every_bit_pattern(g):
     np.testing.assert_array_equal(bits(ours), bits(theirs))
 
 
+def test_rung1_f32_is_the_identity(g, rng):
+    """ggml has no to_float for F32 (its kernels read F32 in place): muser must keep every bit."""
+    with pytest.raises(muser.Error, match="no to_float"):
+        g.to_float(np.zeros(4, np.uint8), "F32", 1)
+    x = rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
+    ours = muser.dequantize(x.view(np.uint8).reshape(1, -1), "F32", (1, x.size)).ravel()
+    np.testing.assert_array_equal(bits(ours), x)
+
+
 # ---------------------------------------------------------------------------
 # rung 2: the quantizers
 
