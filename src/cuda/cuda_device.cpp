@@ -204,7 +204,8 @@ class CudaDeviceImpl final : public CudaDevice {
     spec_ = spec;
     out_ = w.output;
     const size_t wbytes = (size_t)out_.row_bytes * (size_t)out_.rows;
-    weight_ = std::make_unique<DeviceMemory>(wbytes, ordinal_, "the LM-head weight");
+    weight_ = std::make_unique<DeviceMemory>(wbytes + kWeightPadBytes, ordinal_, "the LM-head weight");
+    check(cudaMemset(static_cast<uint8_t*>(weight_->ptr) + wbytes, 0, kWeightPadBytes), "cudaMemset(weight padding)");
     check(cudaMemcpy(weight_->ptr, out_.data, wbytes, cudaMemcpyHostToDevice), "upload of the LM-head weight");
     repack_weight(static_cast<uint8_t*>(weight_->ptr), out_.type, out_.rows, out_.row_bytes, stream_);
     gamma_ = upload(w.gamma, "the final-norm weight");
@@ -262,31 +263,41 @@ class CudaDeviceImpl final : public CudaDevice {
     const size_t lbytes = (size_t)t * V * sizeof(float);
     if (!logits_ || logits_->bytes < lbytes) logits_ = std::make_shared<DeviceMemory>(lbytes, ordinal_, "logits");
     float* logits = static_cast<float*>(logits_->ptr);
-    const int64_t nl = (int64_t)t * V;
 
-    if (timings) ensure_events(nodes.size());
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      const Node& n = nodes[i];
-      if (timings) check(cudaEventRecord(events_[i].first, stream_), "cudaEventRecord");
-      switch (n.kind) {
-        case NodeKind::RmsNorm: rms_norm(x, normed, H, t, n.f0, NormOrder::Ggml, stream_); break;
-        case NodeKind::RmsNormCanon: rms_norm(x, normed, H, t, n.f0, NormOrder::Canonical, stream_); break;
-        case NodeKind::LayerNorm: layer_norm(x, normed, H, t, n.f0, NormOrder::Ggml, stream_); break;
-        case NodeKind::LayerNormCanon: layer_norm(x, normed, H, t, n.f0, NormOrder::Canonical, stream_); break;
-        case NodeKind::MulGamma: mul_rows(normed, gamma_f(), H, t, stream_); break;
-        case NodeKind::AddBeta: add_rows(normed, beta_f(), H, t, stream_); break;
-        case NodeKind::Matvec: matvec_canon(matvec_args(normed, t, logits), stream_); break;
-        case NodeKind::MatvecReference: matvec_reference(matvec_args(normed, t, logits), stream_); break;
-        case NodeKind::AddBias: add_rows(logits, bias_f(), V, t, stream_); break;
-        case NodeKind::Scale: scale(logits, nl, n.f0, stream_); break;
-        case NodeKind::Tanh: tanh_inplace(logits, nl, stream_); break;
-        case NodeKind::SoftcapFused: softcap_fused(logits, nl, n.f0, n.f1, stream_); break;
-        case NodeKind::SoftcapReference: softcap_reference(logits, nl, n.f1, n.f2, stream_); break;
-        case NodeKind::SoftcapCanon: softcap_canon(logits, nl, n.f0, n.f1, n.f2, stream_); break;
+    if (!timings) {
+      for (const Node& n : nodes) enqueue(n, x, normed, logits, t);
+      check(cudaStreamSynchronize(stream_), "the route's kernels (synchronize)");
+    } else {
+      // Profile: the nodes, each between two event records, are captured into a
+      // CUDA graph and launched at once, so the GPU runs them back to back and
+      // no node's time includes the host's launch latency (which it would when
+      // the GPU waits for the next launch: small nodes would look slow).
+      ensure_events(nodes.size());
+      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+      cudaGraph_t graph = nullptr;
+      try {
+        for (size_t i = 0; i < nodes.size(); ++i) {
+          check(cudaEventRecordWithFlags(events_[i].first, stream_, cudaEventRecordExternal), "cudaEventRecord");
+          enqueue(nodes[i], x, normed, logits, t);
+          check(cudaEventRecordWithFlags(events_[i].second, stream_, cudaEventRecordExternal), "cudaEventRecord");
+        }
+      } catch (...) {
+        (void)cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+        throw;
       }
-      if (timings) check(cudaEventRecord(events_[i].second, stream_), "cudaEventRecord");
+      check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      check(inst, "cudaGraphInstantiate (profile)");
+      const cudaError_t launched = cudaGraphLaunch(exec, stream_);
+      const cudaError_t synced = cudaStreamSynchronize(stream_);
+      cudaGraphExecDestroy(exec);
+      check(launched, "cudaGraphLaunch (profile)");
+      check(synced, "the route's kernels (synchronize)");
     }
-    check(cudaStreamSynchronize(stream_), "the route's kernels (synchronize)");
     if (timings) {
       for (size_t i = 0; i < nodes.size(); ++i) {
         float ms = 0;
@@ -329,6 +340,27 @@ class CudaDeviceImpl final : public CudaDevice {
   }
 
  private:
+  // Launches one node on the stream (the stream order is the barrier).
+  void enqueue(const Node& n, const float* x, float* normed, float* logits, int t) {
+    const int64_t H = spec_.hidden, V = spec_.vocab, nl = (int64_t)t * V;
+    switch (n.kind) {
+      case NodeKind::RmsNorm: rms_norm(x, normed, H, t, n.f0, NormOrder::Ggml, stream_); break;
+      case NodeKind::RmsNormCanon: rms_norm(x, normed, H, t, n.f0, NormOrder::Canonical, stream_); break;
+      case NodeKind::LayerNorm: layer_norm(x, normed, H, t, n.f0, NormOrder::Ggml, stream_); break;
+      case NodeKind::LayerNormCanon: layer_norm(x, normed, H, t, n.f0, NormOrder::Canonical, stream_); break;
+      case NodeKind::MulGamma: mul_rows(normed, gamma_f(), H, t, stream_); break;
+      case NodeKind::AddBeta: add_rows(normed, beta_f(), H, t, stream_); break;
+      case NodeKind::Matvec: matvec_canon(matvec_args(normed, t, logits), stream_); break;
+      case NodeKind::MatvecReference: matvec_reference(matvec_args(normed, t, logits), stream_); break;
+      case NodeKind::AddBias: add_rows(logits, bias_f(), V, t, stream_); break;
+      case NodeKind::Scale: scale(logits, nl, n.f0, stream_); break;
+      case NodeKind::Tanh: tanh_inplace(logits, nl, stream_); break;
+      case NodeKind::SoftcapFused: softcap_fused(logits, nl, n.f0, n.f1, stream_); break;
+      case NodeKind::SoftcapReference: softcap_reference(logits, nl, n.f1, n.f2, stream_); break;
+      case NodeKind::SoftcapCanon: softcap_canon(logits, nl, n.f0, n.f1, n.f2, stream_); break;
+    }
+  }
+
   std::unique_ptr<DeviceMemory> upload(const std::vector<float>& v, const char* what) {
     if (v.empty()) return nullptr;
     auto m = std::make_unique<DeviceMemory>(v.size() * sizeof(float), ordinal_, what);

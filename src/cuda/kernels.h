@@ -40,7 +40,11 @@ struct MatvecArgs {
   int t = 0;
   float* y = nullptr;          // [t x ldy]
   int64_t ldy = 0;
+  uint32_t exponent_bits = 0x4B000000u;  // the float 2^23 (an argument on purpose: matvec.cuh)
 };
+// Bytes the device allocates after the weight: the matvec prefetches one
+// unit past a row unconditionally (cheaper than a branch per unit).
+constexpr size_t kWeightPadBytes = 4096;
 // Rewrites the uploaded weight in place into the layout the fast matvec
 // reads (a per-block permutation for Q4_K/Q5_K; see matvec.cuh), once at load.
 void repack_weight(uint8_t* w, uint32_t type, int64_t rows, int64_t row_bytes, cudaStream_t stream);

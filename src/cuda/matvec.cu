@@ -125,7 +125,7 @@ MatvecPlan plan_matvec(const MatvecArgs& a, int unit, int tile_tokens, int rows_
   MatvecPlan p;
   p.chunk_cols = (int)cols;
   p.smem_bytes = (size_t)a.t * 32 * (cols / 32 + kLanePad) * sizeof(float) +
-                 (size_t)kMatvecWarps * 2 * rows_per_warp * 16 * sizeof(float);
+                 (size_t)kMatvecWarps * 2 * 32 * ((rows_per_warp + 1) / 2) * sizeof(float);  // factor buffers
   return p;
 }
 

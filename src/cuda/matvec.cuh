@@ -72,9 +72,14 @@ __device__ __forceinline__ uint4 ld_weight_v4(const uint8_t* p) {
 
 // Byte c of q as an exact float: 0x4B0000qq is 2^23 + q (integer and float
 // pipes only; the int->float converter runs at a quarter of the FMA rate).
-__device__ __forceinline__ float byte_as_float(uint32_t q, uint32_t c) {
-  return __int_as_float((int)__byte_perm(q, 0x4B000000u, 0x7540u | c)) - 8388608.0f;
+// `exponent` is kExponentBits passed in as a kernel argument: a value the
+// compiler cannot fold keeps it in a register, so each PRMT encodes its byte
+// selector as an immediate instead of first moving a constant into a register.
+constexpr uint32_t kExponentBits = 0x4B000000u;  // the float 2^23
+__device__ __forceinline__ float byte_as_float(uint32_t q, uint32_t c, uint32_t exponent) {
+  return __int_as_float((int)__byte_perm(q, exponent, 0x7540u | c)) - 8388608.0f;
 }
+__device__ __forceinline__ float byte_as_float(uint32_t q, uint32_t c) { return byte_as_float(q, c, kExponentBits); }
 
 __device__ __forceinline__ float half_bits_to_float(uint32_t h) {
   return __half2float(__ushort_as_half((unsigned short)h));  // exact, like f16_to_f32
@@ -88,82 +93,111 @@ __device__ __forceinline__ const uint8_t* row_ptr(const MatvecArgs& a, int64_t r
 
 // ---------------------------------------------------------------- K-quant factors
 
-// The 16 factors (d*sc_j, dmin*m_j; j = 0..7) of the current block of R rows.
-// Lane v (mod 16) of half-warp h computes factor v of row 2p+h from the block
-// header (hdr[p]: d | dmin << 16, scales[0..3], [4..7], [8..11]) -- the packed
-// form of k_scale_min -- and the warp reads all of them back from shared memory.
+// Which of the 16 sub-block factors of a K-quant block this lane computes
+// (d*sc_j for v < 8, dmin*m_j for v >= 8; j = v mod 8, v = lane mod 16), as
+// constants of the lane so the per-block work is a handful of ALU operations.
+struct KFactorLane {
+  bool is_min, high;      // a min (else a scale); j >= 4 (its 6 bits are split)
+  uint32_t byte_sel;      // __byte_perm selector putting byte j%4 under the 2^23 exponent
+  uint32_t low_shift;     // 4 for mins: their low 4 bits are the high nibble of scales[8+j%4]
+  uint32_t half_shift;    // 16 for mins: dmin is the high half of the first word
+  int slot;               // index in the warp's shared factors of its row pair
+  uint32_t exponent;      // kExponentBits, from the kernel arguments (see byte_as_float)
+  __device__ KFactorLane(int lane, uint32_t exponent_bits) : exponent(exponent_bits) {
+    const int v = lane & 15, j = v & 7;
+    is_min = v >= 8;
+    high = j >= 4;
+    byte_sel = 0x7540u | (uint32_t)(j & 3);
+    low_shift = is_min ? 4u : 0u;
+    half_shift = is_min ? 16u : 0u;
+    slot = (lane >> 4) * 16 + v;
+  }
+  // The factor from a block header (d | dmin << 16, scales[0..3], [4..7], [8..11]):
+  // the packed form of k_scale_min, then an exact product of an f16 and a 6-bit integer.
+  __device__ __forceinline__ float factor(const uint4& h) const {
+    const uint32_t a = is_min ? h.z : h.y;  // 6-bit values j < 4; their top 2 bits for j >= 4
+    const uint32_t b = h.w >> low_shift;    // low 4 bits of values j >= 4
+    const uint32_t word = high ? (b & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u) : (a & 0x3f3f3f3fu);
+    const float q = __int_as_float((int)__byte_perm(word, exponent, byte_sel)) - 8388608.0f;
+    return half_bits_to_float((h.x >> half_shift) & 0xffffu) * q;
+  }
+};
+
+// Shares the factors of R rows' current blocks: lane (lane / 16) of pass p
+// computes its factor of row 2p + lane/16 and stores it; after one __syncwarp
+// every lane reads a row's 16 factors with four broadcast 16-byte loads
+// (read_factors). scratch alternates between two buffers by block parity.
 template <int R>
-__device__ __forceinline__ void kquant_factors(const uint4 (&hdr)[(R + 1) / 2], int lane, float* scratch,
-                                               float (&d1)[R][8], float (&m1)[R][8]) {
-  const uint32_t v = lane & 15, j = v & 7;
-  const bool is_min = v >= 8;
+__device__ __forceinline__ void store_factors(const uint4 (&hdr)[(R + 1) / 2], const KFactorLane& fl, int lane,
+                                              float* scratch) {
 #pragma unroll
-  for (int p = 0; p < (R + 1) / 2; ++p) {
-    const int r = 2 * p + (lane >> 4);
-    if (R % 2 == 0 || r < R) {
-      const uint4 h = hdr[p];
-      const uint32_t a = is_min ? h.z : h.y;          // sc_j (j<4) or m_j (j<4), and their top bits
-      const uint32_t b = is_min ? (h.w >> 4) : h.w;   // low 4 bits of sc_j / m_j for j >= 4
-      const uint32_t lo = a & 0x3f3f3f3fu;
-      const uint32_t hi = (b & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
-      const float q = byte_as_float(j < 4 ? lo : hi, j & 3);
-      const float scale = half_bits_to_float(is_min ? (h.x >> 16) : (h.x & 0xffffu));
-      scratch[r * 16 + v] = scale * q;  // exact: an f16 times a 6-bit integer
-    }
-  }
+  for (int p = 0; p < (R + 1) / 2; ++p)
+    if (R % 2 == 0 || 2 * p + (lane >> 4) < R) scratch[32 * p + fl.slot] = fl.factor(hdr[p]);
   __syncwarp();
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const float4* f = reinterpret_cast<const float4*>(scratch + r * 16);
-    const float4 a = f[0], b = f[1], c = f[2], d = f[3];
-    d1[r][0] = a.x, d1[r][1] = a.y, d1[r][2] = a.z, d1[r][3] = a.w;
-    d1[r][4] = b.x, d1[r][5] = b.y, d1[r][6] = b.z, d1[r][7] = b.w;
-    m1[r][0] = c.x, m1[r][1] = c.y, m1[r][2] = c.z, m1[r][3] = c.w;
-    m1[r][4] = d.x, m1[r][5] = d.y, m1[r][6] = d.z, m1[r][7] = d.w;
-  }
 }
 
-template <int R>
-__device__ __forceinline__ void load_kquant_headers(uint4 (&hdr)[(R + 1) / 2], const MatvecArgs& a, int64_t row0,
-                                                    int64_t block_off, int lane) {
-#pragma unroll
-  for (int p = 0; p < (R + 1) / 2; ++p) {
-    const int r = 2 * p + (lane >> 4);
-    if (R % 2 == 0 || r < R) hdr[p] = ld_weight_v4(row_ptr(a, row0 + r) + block_off);
-  }
+__device__ __forceinline__ void read_factors(const float* scratch, int r, float (&d1)[8], float (&m1)[8]) {
+  const float4* f = reinterpret_cast<const float4*>(scratch + 16 * r);
+  const float4 a = f[0], b = f[1], c = f[2], d = f[3];
+  d1[0] = a.x, d1[1] = a.y, d1[2] = a.z, d1[3] = a.w, d1[4] = b.x, d1[5] = b.y, d1[6] = b.z, d1[7] = b.w;
+  m1[0] = c.x, m1[1] = c.y, m1[2] = c.z, m1[3] = c.w, m1[4] = d.x, m1[5] = d.y, m1[6] = d.z, m1[7] = d.w;
 }
 
 // ---------------------------------------------------------------- decoders
-// Each decoder: kUnit elements per unit, kSteps = kUnit / 32 per lane;
-// Raw<R> holds one unit's undecoded bytes of R rows for one lane; load()
-// fetches unit u; decode() writes w[r][s] = weight of element u*kUnit+32s+lane.
+// Each decoder: kUnit elements per unit, kSteps = kUnit / 32 per lane.
+// Lane<R> holds the lane's pointers into R rows (set once per row group,
+// advanced one unit at a time: no 64-bit multiplies in the loop); Raw<R> one
+// unit's undecoded bytes. load() fetches the unit the pointers are at,
+// decode() writes w[r][s] = weight of element u*kUnit + 32s + lane.
 // kGuard: units may run past the row's end (elements j >= K are skipped).
 
 struct DecodeQ5K {
   static constexpr int kUnit = 256, kSteps = 8, kBlockBytes = 176;
-  static constexpr bool kGuard = false;
+  static constexpr bool kGuard = false, kFactors = true;
+  template <int R>
+  struct Lane {
+    const uint8_t* qs[R];  // this lane's qs' word of the row's current block
+    const uint8_t* qh[R];  // this lane's qh' byte
+    const uint8_t* hdr[(R + 1) / 2];  // header of the row whose factor this lane computes
+    __device__ Lane(const MatvecArgs& a, int64_t row0, int lane) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        qs[r] = row_ptr(a, row0 + r) + kQ5KQuantsOffset + 4 * lane;
+        qh[r] = row_ptr(a, row0 + r) + kQ5KHighBitsOffset + lane;
+      }
+#pragma unroll
+      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] = row_ptr(a, row0 + min(2 * p + (lane >> 4), R - 1));
+    }
+    __device__ __forceinline__ void advance(int units) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) qs[r] += units * kBlockBytes, qh[r] += units * kBlockBytes;
+#pragma unroll
+      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] += units * kBlockBytes;
+    }
+  };
   template <int R>
   struct Raw {
     uint4 hdr[(R + 1) / 2];
     uint32_t qs[R], qh[R];
   };
-  template <int R>
-  static __device__ __forceinline__ void load(Raw<R>& raw, const MatvecArgs& a, int64_t row0, int u, int lane) {
-    const int64_t off = (int64_t)u * kBlockBytes;
-    load_kquant_headers<R>(raw.hdr, a, row0, off, lane);
+  template <int R, int kAhead>
+  static __device__ __forceinline__ void load(Raw<R>& raw, const Lane<R>& p) {
+#pragma unroll
+    for (int q = 0; q < (R + 1) / 2; ++q) raw.hdr[q] = ld_weight_v4(p.hdr[q] + kAhead * kBlockBytes);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const uint8_t* b = row_ptr(a, row0 + r) + off;
-      raw.qs[r] = ld_weight_u32(b + kQ5KQuantsOffset + 4 * lane);
-      raw.qh[r] = ld_weight_u8(b + kQ5KHighBitsOffset + lane);
+      raw.qs[r] = ld_weight_u32(p.qs[r] + kAhead * kBlockBytes);
+      raw.qh[r] = ld_weight_u8(p.qh[r] + kAhead * kBlockBytes);
     }
   }
   template <int R>
-  static __device__ __forceinline__ void decode(const Raw<R>& raw, int lane, float* scratch, float (&w)[R][kSteps]) {
-    float d1[R][8], m1[R][8];
-    kquant_factors<R>(raw.hdr, lane, scratch, d1, m1);
+  static __device__ __forceinline__ void decode(const Raw<R>& raw, const KFactorLane& fl, int lane, float* scratch,
+                                                float (&w)[R][kSteps]) {
+    store_factors<R>(raw.hdr, fl, lane, scratch);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
+      float d1[8], m1[8];
+      read_factors(scratch, r, d1, m1);
       // q of sub-block 2c is byte c of qe, of sub-block 2c+1 byte c of qo; the
       // multiply spreads qh' bit c to bit 8c+4 (no carries: see repack.cuh)
       const uint32_t qs = raw.qs[r], qh = raw.qh[r];
@@ -171,8 +205,8 @@ struct DecodeQ5K {
       const uint32_t qo = ((qs >> 4) & 0x0f0f0f0fu) | (((qh >> 4) * 0x02040810u) & 0x10101010u);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        w[r][2 * c] = fmaf(d1[r][2 * c], byte_as_float(qe, c), -m1[r][2 * c]);
-        w[r][2 * c + 1] = fmaf(d1[r][2 * c + 1], byte_as_float(qo, c), -m1[r][2 * c + 1]);
+        w[r][2 * c] = fmaf(d1[2 * c], byte_as_float(qe, c, fl.exponent), -m1[2 * c]);
+        w[r][2 * c + 1] = fmaf(d1[2 * c + 1], byte_as_float(qo, c, fl.exponent), -m1[2 * c + 1]);
       }
     }
   }
@@ -180,61 +214,98 @@ struct DecodeQ5K {
 
 struct DecodeQ4K {
   static constexpr int kUnit = 256, kSteps = 8, kBlockBytes = 144;
-  static constexpr bool kGuard = false;
+  static constexpr bool kGuard = false, kFactors = true;
+  template <int R>
+  struct Lane {
+    const uint8_t* qs[R];
+    const uint8_t* hdr[(R + 1) / 2];
+    __device__ Lane(const MatvecArgs& a, int64_t row0, int lane) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) qs[r] = row_ptr(a, row0 + r) + kQ4KQuantsOffset + 4 * lane;
+#pragma unroll
+      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] = row_ptr(a, row0 + min(2 * p + (lane >> 4), R - 1));
+    }
+    __device__ __forceinline__ void advance(int units) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) qs[r] += units * kBlockBytes;
+#pragma unroll
+      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] += units * kBlockBytes;
+    }
+  };
   template <int R>
   struct Raw {
     uint4 hdr[(R + 1) / 2];
     uint32_t qs[R];
   };
-  template <int R>
-  static __device__ __forceinline__ void load(Raw<R>& raw, const MatvecArgs& a, int64_t row0, int u, int lane) {
-    const int64_t off = (int64_t)u * kBlockBytes;
-    load_kquant_headers<R>(raw.hdr, a, row0, off, lane);
+  template <int R, int kAhead>
+  static __device__ __forceinline__ void load(Raw<R>& raw, const Lane<R>& p) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) raw.qs[r] = ld_weight_u32(row_ptr(a, row0 + r) + off + kQ4KQuantsOffset + 4 * lane);
+    for (int q = 0; q < (R + 1) / 2; ++q) raw.hdr[q] = ld_weight_v4(p.hdr[q] + kAhead * kBlockBytes);
+#pragma unroll
+    for (int r = 0; r < R; ++r) raw.qs[r] = ld_weight_u32(p.qs[r] + kAhead * kBlockBytes);
   }
   template <int R>
-  static __device__ __forceinline__ void decode(const Raw<R>& raw, int lane, float* scratch, float (&w)[R][kSteps]) {
-    float d1[R][8], m1[R][8];
-    kquant_factors<R>(raw.hdr, lane, scratch, d1, m1);
+  static __device__ __forceinline__ void decode(const Raw<R>& raw, const KFactorLane& fl, int lane, float* scratch,
+                                                float (&w)[R][kSteps]) {
+    store_factors<R>(raw.hdr, fl, lane, scratch);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
+      float d1[8], m1[8];
+      read_factors(scratch, r, d1, m1);
       const uint32_t qe = raw.qs[r] & 0x0f0f0f0fu, qo = (raw.qs[r] >> 4) & 0x0f0f0f0fu;
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        w[r][2 * c] = fmaf(d1[r][2 * c], byte_as_float(qe, c), -m1[r][2 * c]);
-        w[r][2 * c + 1] = fmaf(d1[r][2 * c + 1], byte_as_float(qo, c), -m1[r][2 * c + 1]);
+        w[r][2 * c] = fmaf(d1[2 * c], byte_as_float(qe, c, fl.exponent), -m1[2 * c]);
+        w[r][2 * c + 1] = fmaf(d1[2 * c + 1], byte_as_float(qo, c, fl.exponent), -m1[2 * c + 1]);
       }
     }
   }
 };
 
+// The decoders without shared factors keep one pointer per row (unit u at
+// row + u * kBlockBytes); their speed is not the goal, their order is.
+template <int R, int kBlockBytes>
+struct RowLane {
+  const uint8_t* row[R];
+  __device__ RowLane(const MatvecArgs& a, int64_t row0, int) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) row[r] = row_ptr(a, row0 + r);
+  }
+  __device__ __forceinline__ void advance(int units) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) row[r] += units * kBlockBytes;
+  }
+};
+
 // Q6_K in the GGUF layout (210-byte blocks are only 2-byte aligned): element
-// 32s + lane has ql byte 64(s/4) + 32(s%2... see q6k_quant) -- the lane reads
-// 4 ql bytes, 2 qh bytes and its 8 scales per block.
+// 32s + lane of a block has its low bits in ql[32(2(s/4) + s%2) + lane]
+// (nibble (s%4)/2), its high bits in qh[32(s/4) + lane] (pair s%4) and its
+// scale in scales[2s + lane/16] (see q6k_quant).
 struct DecodeQ6K {
   static constexpr int kUnit = 256, kSteps = 8, kBlockBytes = 210;
-  static constexpr bool kGuard = false;
+  static constexpr bool kGuard = false, kFactors = false;
+  template <int R>
+  using Lane = RowLane<R, kBlockBytes>;
   template <int R>
   struct Raw {
     uint32_t ql[R][4], qh[R][2], sc[R][8], d[R];
   };
   template <int R>
-  static __device__ __forceinline__ void load(Raw<R>& raw, const MatvecArgs& a, int64_t row0, int u, int lane) {
+  static __device__ __forceinline__ void load(Raw<R>& raw, const Lane<R>& p, int lane) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const uint8_t* b = row_ptr(a, row0 + r) + (int64_t)u * kBlockBytes;
+      const uint8_t* b = p.row[r];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) raw.ql[r][i] = ld_weight_u8(b + 32 * i + lane);         // ql[64h + 32p + l]
+      for (int i = 0; i < 4; ++i) raw.ql[r][i] = ld_weight_u8(b + 32 * i + lane);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) raw.qh[r][i] = ld_weight_u8(b + 128 + 32 * i + lane);   // qh[32h + l]
+      for (int i = 0; i < 2; ++i) raw.qh[r][i] = ld_weight_u8(b + 128 + 32 * i + lane);
 #pragma unroll
-      for (int s = 0; s < 8; ++s) raw.sc[r][s] = ld_weight_u8(b + 192 + 2 * s + (lane >> 4));  // scales[i/16]
+      for (int s = 0; s < 8; ++s) raw.sc[r][s] = ld_weight_u8(b + 192 + 2 * s + (lane >> 4));
       raw.d[r] = ld_weight_u16(b + 208);
     }
   }
   template <int R>
-  static __device__ __forceinline__ void decode(const Raw<R>& raw, int, float*, float (&w)[R][kSteps]) {
+  static __device__ __forceinline__ void decode(const Raw<R>& raw, float (&w)[R][kSteps]) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float d = half_bits_to_float(raw.d[r]);
@@ -254,28 +325,41 @@ struct DecodeQ6K {
 // Q8_0: a unit is 4 blocks of 32; step s is block 4u+s, lane l its quant l.
 struct DecodeQ80 {
   static constexpr int kUnit = 128, kSteps = 4, kBlockBytes = 34;
-  static constexpr bool kGuard = true;  // K is a multiple of 32, not of 128
+  static constexpr bool kGuard = true, kFactors = false;  // K is a multiple of 32, not of 128
+  template <int R>
+  struct Lane {
+    const uint8_t* row[R];
+    const uint8_t* last[R];  // the row's last block: units past the end re-read it (never used)
+    __device__ Lane(const MatvecArgs& a, int64_t row0, int) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        row[r] = row_ptr(a, row0 + r);
+        last[r] = row[r] + (a.cols / 32 - 1) * kBlockBytes;
+      }
+    }
+    __device__ __forceinline__ void advance(int units) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) row[r] += units * 4 * kBlockBytes;
+    }
+  };
   template <int R>
   struct Raw {
     uint32_t qs[R][4], d[R][4];
   };
   template <int R>
-  static __device__ __forceinline__ void load(Raw<R>& raw, const MatvecArgs& a, int64_t row0, int u, int lane) {
-    const int nblocks = (int)(a.cols / 32);
+  static __device__ __forceinline__ void load(Raw<R>& raw, const Lane<R>& p, int lane) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* row = row_ptr(a, row0 + r);
+    for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        const int blk = 4 * u + s;
-        const uint8_t* b = row + (int64_t)(blk < nblocks ? blk : nblocks - 1) * kBlockBytes;
+        const uint8_t* b = p.row[r] + s * kBlockBytes;
+        b = b <= p.last[r] ? b : p.last[r];
         raw.d[r][s] = ld_weight_u16(b);
         raw.qs[r][s] = ld_weight_u8(b + 2 + lane);
       }
-    }
   }
   template <int R>
-  static __device__ __forceinline__ void decode(const Raw<R>& raw, int, float*, float (&w)[R][kSteps]) {
+  static __device__ __forceinline__ void decode(const Raw<R>& raw, float (&w)[R][kSteps]) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -289,26 +373,37 @@ template <uint32_t kType>
 struct DecodeFloat {
   static constexpr int kUnit = 256, kSteps = 8;
   static constexpr int kElemBytes = kType == (uint32_t)GgmlType::F32 ? 4 : 2;
-  static constexpr bool kGuard = true;
+  static constexpr bool kGuard = true, kFactors = false;
+  template <int R>
+  struct Lane {
+    const uint8_t* row[R];  // element 32s + lane of the current unit is at row + (32s + lane) * bytes
+    int64_t left;           // elements of the row from the current unit on
+    __device__ Lane(const MatvecArgs& a, int64_t row0, int lane) : left(a.cols - lane) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) row[r] = row_ptr(a, row0 + r) + lane * kElemBytes;
+    }
+    __device__ __forceinline__ void advance(int units) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) row[r] += units * kUnit * kElemBytes;
+      left -= units * kUnit;
+    }
+  };
   template <int R>
   struct Raw {
     uint32_t v[R][8];
   };
   template <int R>
-  static __device__ __forceinline__ void load(Raw<R>& raw, const MatvecArgs& a, int64_t row0, int u, int lane) {
+  static __device__ __forceinline__ void load(Raw<R>& raw, const Lane<R>& p, int) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* row = row_ptr(a, row0 + r);
+    for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
-        const int64_t j = (int64_t)u * kUnit + 32 * s + lane;
-        const uint8_t* p = row + (j < a.cols ? j : 0) * kElemBytes;
-        raw.v[r][s] = kElemBytes == 4 ? ld_weight_u32(p) : ld_weight_u16(p);
+        const uint8_t* q = p.row[r] + (32 * s < p.left ? 32 * s : 0) * kElemBytes;  // past the end: re-read
+        raw.v[r][s] = kElemBytes == 4 ? ld_weight_u32(q) : ld_weight_u16(q);
       }
-    }
   }
   template <int R>
-  static __device__ __forceinline__ void decode(const Raw<R>& raw, int, float*, float (&w)[R][kSteps]) {
+  static __device__ __forceinline__ void decode(const Raw<R>& raw, float (&w)[R][kSteps]) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -321,13 +416,41 @@ struct DecodeFloat {
   }
 };
 
+// Uniform calls for the two decoder shapes (with or without shared factors).
+// Loads the unit kAhead units past the lane pointers (an immediate offset).
+template <class Dec, int R, int kAhead>
+__device__ __forceinline__ void load_unit(typename Dec::template Raw<R>& raw,
+                                          const typename Dec::template Lane<R>& p, int lane) {
+  if constexpr (Dec::kFactors) {
+    Dec::template load<R, kAhead>(raw, p);
+  } else {
+    typename Dec::template Lane<R> q = p;
+    if (kAhead) q.advance(kAhead);
+    Dec::template load<R>(raw, q, lane);
+  }
+}
+
+template <class Dec, int R>
+__device__ __forceinline__ void decode_unit(const typename Dec::template Raw<R>& raw, const KFactorLane& fl,
+                                            int lane, float* scratch, float (&w)[R][Dec::kSteps]) {
+  if constexpr (Dec::kFactors) Dec::template decode<R>(raw, fl, lane, scratch, w);
+  else Dec::template decode<R>(raw, w);
+}
+
 // ---------------------------------------------------------------- the kernel
 
 // Rows per warp for a token tile: more rows share each x read (what bounds
-// t > 1), fewer keep the accumulators in registers.
+// t > 1), fewer keep the accumulators in registers and more warps resident.
 template <int TT>
 struct RowsPerWarp {
-  static constexpr int value = TT <= 2 ? 2 : TT <= 8 ? 4 : TT <= 16 ? 2 : 1;
+  static constexpr int value = TT <= 8 ? 2 : TT <= 16 ? 2 : 1;
+};
+// CTAs per SM the register allocation must allow: 24 warps per SM keep
+// enough bytes in flight at t = 1; a tighter cap (64 registers) made the
+// compiler recompute lane constants in the loop, costing more than it gained.
+template <int TT>
+struct MinCtasPerSm {
+  static constexpr int value = TT <= 8 ? 3 : 1;
 };
 
 // Copies columns [col0, col0 + chunk_cols) of the t tokens' x into xs,
@@ -342,15 +465,50 @@ __device__ __forceinline__ void stage_x(float* xs, const MatvecArgs& a, int64_t 
   }
 }
 
-template <class Dec, int TT>
-__global__ void __launch_bounds__(kMatvecThreads) matvec_canon_kernel(MatvecArgs a, int chunk_cols) {
-  constexpr int R = RowsPerWarp<TT>::value;
+// One unit of R rows: decode, then acc[r][k] = fmaf(w[r][s], x[k][j], acc[r][k])
+// for s = 0..S-1 (j = 32s + lane, increasing), every token k < t.
+template <class Dec, int TT, int R>
+__device__ __forceinline__ void compute_unit(const typename Dec::template Raw<R>& raw, const KFactorLane& fl,
+                                             int lane, float* scratch, const float* xs_lane, int lane_stride,
+                                             int unit_in_chunk, int64_t j0, const MatvecArgs& a,
+                                             float (&acc)[R][TT]) {
   constexpr int S = Dec::kSteps;
+  float w[R][S];
+  decode_unit<Dec, R>(raw, fl, lane, scratch, w);
+#pragma unroll
+  for (int k = 0; k < TT; ++k) {
+    if (TT == 1 || k < a.t) {
+      const float4* xp = reinterpret_cast<const float4*>(xs_lane + k * 32 * lane_stride + unit_in_chunk * S);
+      float xv[S];
+#pragma unroll
+      for (int q = 0; q < S / 4; ++q) {
+        const float4 v = xp[q];
+        xv[4 * q] = v.x, xv[4 * q + 1] = v.y, xv[4 * q + 2] = v.z, xv[4 * q + 3] = v.w;
+      }
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        if (Dec::kGuard && j0 + 32 * s >= a.cols) continue;
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][k] = fmaf(w[r][s], xv[s], acc[r][k]);
+      }
+    }
+  }
+}
+
+template <class Dec, int TT>
+__global__ void __launch_bounds__(kMatvecThreads, MinCtasPerSm<TT>::value)
+    matvec_canon_kernel(MatvecArgs a, int chunk_cols) {
+  constexpr int R = RowsPerWarp<TT>::value;
+  using Raw = typename Dec::template Raw<R>;
+  using Lane = typename Dec::template Lane<R>;
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);  // [t][32][lane_stride]
   const int lane_stride = chunk_cols / 32 + kLanePad;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* scratch = xs + a.t * 32 * lane_stride + warp * 2 * R * 16;  // two buffers of R x 16 factors
+  const float* xs_lane = xs + lane * lane_stride;
+  float* scratch = xs + a.t * 32 * lane_stride + warp * 2 * 32 * ((R + 1) / 2);  // 2 buffers of the row pairs' factors
+  const int scratch_half = 32 * ((R + 1) / 2);
+  const KFactorLane fl(lane, a.exponent_bits);
 
   const int units = (int)((a.cols + Dec::kUnit - 1) / Dec::kUnit);
   const int units_per_chunk = chunk_cols / Dec::kUnit;
@@ -369,8 +527,11 @@ __global__ void __launch_bounds__(kMatvecThreads) matvec_canon_kernel(MatvecArgs
 #pragma unroll
       for (int k = 0; k < TT; ++k) acc[r][k] = 0.0f;
 
-    typename Dec::template Raw<R> next;
-    Dec::template load<R>(next, a, row0, 0, lane);
+    Lane ptr(a, row0, lane);
+    // two register buffers, alternating: the next unit's bytes are in flight
+    // while the current one is computed (no copies between them)
+    Raw even, odd;
+    load_unit<Dec, R, 0>(even, ptr, lane);
     int unit_in_chunk = 0;
     for (int u = 0; u < units; ++u) {
       if (!one_chunk && unit_in_chunk == 0) {
@@ -378,30 +539,18 @@ __global__ void __launch_bounds__(kMatvecThreads) matvec_canon_kernel(MatvecArgs
         stage_x(xs, a, (int64_t)u * Dec::kUnit, chunk_cols, lane_stride);
         __syncthreads();
       }
-      const typename Dec::template Raw<R> cur = next;
-      if (u + 1 < units) Dec::template load<R>(next, a, row0, u + 1, lane);
-      float w[R][S];
-      Dec::template decode<R>(cur, lane, scratch + (u & 1) * R * 16, w);
-
-      const int64_t j0 = (int64_t)u * Dec::kUnit + lane;  // element of step 0
-#pragma unroll
-      for (int k = 0; k < TT; ++k) {
-        if (k < a.t) {
-          const float4* xp =
-              reinterpret_cast<const float4*>(xs + (k * 32 + lane) * lane_stride + unit_in_chunk * S);
-          float xv[S];
-#pragma unroll
-          for (int q = 0; q < S / 4; ++q) {
-            const float4 v = xp[q];
-            xv[4 * q] = v.x, xv[4 * q + 1] = v.y, xv[4 * q + 2] = v.z, xv[4 * q + 3] = v.w;
-          }
-#pragma unroll
-          for (int s = 0; s < S; ++s) {
-            if (Dec::kGuard && j0 + 32 * s >= a.cols) continue;
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[r][k] = fmaf(w[r][s], xv[s], acc[r][k]);
-          }
-        }
+      const int64_t j0 = (int64_t)u * Dec::kUnit + lane;
+      float* sc = scratch + (u & 1) * scratch_half;
+      // the pointers move two units at a time; the unit ahead is an immediate
+      // offset. The last unit prefetches one unit past the row: the next row,
+      // or the padding the device allocates after the weight (kWeightPadBytes).
+      if ((u & 1) == 0) {
+        load_unit<Dec, R, 1>(odd, ptr, lane);
+        compute_unit<Dec, TT, R>(even, fl, lane, sc, xs_lane, lane_stride, unit_in_chunk, j0, a, acc);
+      } else {
+        ptr.advance(2);
+        load_unit<Dec, R, 0>(even, ptr, lane);
+        compute_unit<Dec, TT, R>(odd, fl, lane, sc, xs_lane, lane_stride, unit_in_chunk, j0, a, acc);
       }
       if (++unit_in_chunk == units_per_chunk) unit_in_chunk = 0;
     }
@@ -411,7 +560,7 @@ __global__ void __launch_bounds__(kMatvecThreads) matvec_canon_kernel(MatvecArgs
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int k = 0; k < TT; ++k) {
-        if (k < a.t) {
+        if (TT == 1 || k < a.t) {
           float v = acc[r][k];
 #pragma unroll
           for (int off = 16; off >= 1; off >>= 1) v = v + __shfl_down_sync(0xffffffffu, v, off);

@@ -189,8 +189,11 @@ void bind_cuda(nb::module_& m) {
     nb::capsule cap(owner, [](void* p) noexcept { delete static_cast<Owner*>(p); });
     size_t shape[2] = {(size_t)t, (size_t)V};
     if (squeeze) shape[0] = (size_t)V;
-    nb::ndarray<float, nb::device::cuda> view(logits->ptr, squeeze ? 1 : 2, shape, cap, nullptr, nb::dtype<float>(),
-                                              nb::device::cuda::value, dev.ordinal());
+    // array_api: an object with __dlpack__/__dlpack_device__ (without a
+    // framework nanobind 3 would hand out a bare, single-use DLPack capsule)
+    nb::ndarray<nb::array_api, float, nb::device::cuda> view(logits->ptr, squeeze ? 1 : 2, shape, cap, nullptr,
+                                                             nb::dtype<float>(), nb::device::cuda::value,
+                                                             dev.ordinal());
     return nb::make_tuple(nb::cast(view), (uint64_t)(uintptr_t)logits->ptr, profile_list(timings));
 #else
     (void)h, (void)hidden, (void)hidden_ptr, (void)t, (void)squeeze, (void)profile, (void)check_finite;
