@@ -138,7 +138,8 @@ def activation_error_bound(w: np.ndarray, type_name: str, normed: np.ndarray, sc
 
     ggml-cpu quantizes each block of B activations (B = 32 for Q8_0, 256 for Q8_K)
     to int8 with step d = amax/127, so each activation moves by at most d/2 (Q8_0
-    also rounds d to f16: at most 127*d/2048 more; 0.6*d covers both). A logit
+    also rounds d to f16: at most 127*d/2048 more; 0.6*d covers both); for F16 and
+    BF16 weights it rounds activations to that type, for F32 not at all. A logit
     moves by at most sum_j |W_ij| * 0.6*d(j), plus f32 rounding (1e-5 relative to
     sum_j |W_ij x_j|), times the logit scale; the soft cap is 1-Lipschitz.
     """
@@ -146,10 +147,20 @@ def activation_error_bound(w: np.ndarray, type_name: str, normed: np.ndarray, sc
     vdt = g.vec_dot_type(type_name)
     x = np.atleast_2d(normed).astype(np.float64)
     t, n = x.shape
-    amax = np.abs(x).reshape(t, n // vdt.blck_size, vdt.blck_size).max(axis=2)
-    step = np.repeat(amax / 127.0, vdt.blck_size, axis=1)  # [t, n]
-    wabs = np.abs(g.to_float(w, type_name, w.shape[0] * n).reshape(w.shape[0], n)).astype(np.float64)
-    bound = 0.6 * step @ wabs.T + 1e-5 * np.abs(x) @ wabs.T + 1e-6
+    if vdt.name in ("q8_0", "q8_K"):
+        amax = np.abs(x).reshape(t, n // vdt.blck_size, vdt.blck_size).max(axis=2)
+        err = 0.6 * np.repeat(amax / 127.0, vdt.blck_size, axis=1)  # [t, n]
+    elif vdt.name == "f16":  # activations rounded to f16: half an ulp, or half the subnormal step
+        err = np.maximum(np.abs(x) * 2.0**-11, 2.0**-25)
+    elif vdt.name == "bf16":
+        err = np.abs(x) * 2.0**-8
+    elif vdt.name == "f32":
+        err = np.zeros_like(x)
+    else:
+        raise ValueError(f"no bound for activations of type {vdt.name}")
+    wabs = np.abs(g.to_float(w, type_name, w.shape[0] * n).reshape(w.shape[0], n)).astype(np.float64) \
+        if g.type(type_name).id != 0 else np.abs(w.view(np.float32)).astype(np.float64)
+    bound = err @ wabs.T + 1e-5 * np.abs(x) @ wabs.T + 1e-6
     return bound * abs(float(scale))
 
 

@@ -253,6 +253,7 @@ def test_rung4_layer_norm_within_an_ulp_of_ggml(g, rng, hidden):
 # rung 5: whole heads against the pinned route
 
 HEAD_TYPES = ["Q5_K", "Q6_K", "Q8_0"]
+ALL_HEAD_TYPES = HEAD_TYPES + ["Q4_K", "F16", "BF16", "F32"]  # activations: Q8_K, Q8_K, Q8_0, Q8_K, F16, BF16, F32
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +261,7 @@ def heads(tmp_path_factory):
     from muser.fixtures import write_head_gguf
 
     d = tmp_path_factory.mktemp("rung5")
-    return {t: write_head_gguf(d / f"{t}.gguf", hidden=1024, vocab=4096, weight_type=t, seed=5) for t in HEAD_TYPES}
+    return {t: write_head_gguf(d / f"{t}.gguf", hidden=1024, vocab=4096, weight_type=t, seed=5) for t in ALL_HEAD_TYPES}
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +282,7 @@ def _weight(path: str, type_name: str) -> np.ndarray:
     return np.asarray(f.tensor_bytes("output.weight")).reshape(4096, -1)
 
 
-@pytest.mark.parametrize("type_name", HEAD_TYPES)
+@pytest.mark.parametrize("type_name", ALL_HEAD_TYPES)
 def test_rung5_pinned_is_ggml_from_float_then_vec_dot(g, heads, hidden5, type_name):
     """One pinned row, taken apart: rms_norm+mul, the CPU's activation quantizer
     (Q8_K for K-quants, Q8_0 for Q8_0), vec_dot per weight row, the epilogue nodes.
@@ -296,7 +297,7 @@ def test_rung5_pinned_is_ggml_from_float_then_vec_dot(g, heads, hidden5, type_na
     np.testing.assert_array_equal(bits(got), bits(expect))
 
 
-@pytest.mark.parametrize("type_name", HEAD_TYPES)
+@pytest.mark.parametrize("type_name", ALL_HEAD_TYPES)
 @pytest.mark.parametrize("route", ["graph", "fused", "canonical"])
 def test_rung5_f32_routes_within_the_activation_quantization_bound(g, heads, hidden5, type_name, route):
     path = heads[type_name]
