@@ -40,5 +40,6 @@ NB_MODULE(_core, m) {
   muser::py::bind_gguf(m);
   muser::py::bind_quant(m);
   muser::py::bind_head(m);
+  muser::py::bind_cpu(m);
   muser::py::bind_cuda(m);
 }

@@ -1,6 +1,7 @@
 // The CPU device: weights are read in place from the mmap; every node is a
 // parallel_for over rows or elements; nodes run one after another (the
 // barrier is the end of the parallel region).
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -42,8 +43,17 @@ class CpuDevice final : public Device {
 
   void run(const std::vector<Node>& nodes, Acts acts, const float* hidden, int t, float* logits,
            std::vector<NodeTiming>* timings) override {
-    if (acts != Acts::F32) throw DeviceError("acts='q8' is not available on the CPU device yet");
+    if (acts == Acts::Q8 && !cpu::q8_supported(w_->output.type))
+      throw ArgValueError(std::string("acts='q8' quantizes the activations to int8 as ggml's CPU does for "
+                                      "Q4_K, Q5_K, Q6_K and Q8_0 weights; ") +
+                          spec_.output_weight + " is " + type_traits(w_->output.type).name +
+                          " (ggml multiplies float weights with float activations): use acts='f32'");
     const int64_t H = spec_.hidden, V = spec_.vocab;
+    // Row chunks for the matvec: whole kernel tiles, a few per thread so a
+    // slow thread does not hold the others up.
+    const int64_t grain_unit = cpu::matvec_row_grain();
+    const int64_t row_grain = std::max<int64_t>(
+        grain_unit, std::min<int64_t>(2048, V / (8 * (int64_t)threads_)) / grain_unit * grain_unit);
     normed_.resize((size_t)t * H);
     float* nx = normed_.data();
     const int64_t nl = (int64_t)t * V;
@@ -72,15 +82,28 @@ class CpuDevice final : public Device {
             for (int64_t i = 0; i < H; ++i) nx[k * H + i] = nx[k * H + i] + w_->beta[i];
           break;
         case NodeKind::Matvec:
-          cpu::parallel_for(V, 128, threads_, [&](int64_t r0, int64_t r1) {
-            cpu::matvec_canon(w_->output, nx, H, t, r0, r1, logits, V);
-          });
+        case NodeKind::MatvecReference: {
+          const bool reference = node.kind == NodeKind::MatvecReference;
+          if (acts == Acts::Q8) {
+            // quantized once per call, read by every row (part of the node's time, as in ggml's mul_mat)
+            cpu::quantize_acts_q8(w_->output.type, nx, H, H, t, &acts_q8_);
+            cpu::parallel_for(V, row_grain, threads_, [&](int64_t r0, int64_t r1) {
+              // the reference route runs the q8 definition itself: the scalar twin
+              if (reference)
+                cpu::matvec_q8_scalar(w_->output, acts_q8_, r0, r1, logits, V);
+              else
+                cpu::matvec_q8(w_->output, acts_q8_, r0, r1, logits, V);
+            });
+          } else {
+            cpu::parallel_for(V, row_grain, threads_, [&](int64_t r0, int64_t r1) {
+              if (reference)
+                cpu::matvec_reference(w_->output, nx, H, t, r0, r1, logits, V);
+              else
+                cpu::matvec_canon(w_->output, nx, H, t, r0, r1, logits, V);
+            });
+          }
           break;
-        case NodeKind::MatvecReference:
-          cpu::parallel_for(V, 128, threads_, [&](int64_t r0, int64_t r1) {
-            cpu::matvec_reference(w_->output, nx, H, t, r0, r1, logits, V);
-          });
-          break;
+        }
         case NodeKind::AddBias:
           for (int64_t k = 0; k < t; ++k)
             for (int64_t r = 0; r < V; ++r) logits[k * V + r] = logits[k * V + r] + w_->bias[r];
@@ -120,6 +143,7 @@ class CpuDevice final : public Device {
   HeadSpec spec_;
   const HeadWeights* w_ = nullptr;
   std::vector<float> normed_;
+  cpu::ActsQ8 acts_q8_;  // reused between calls
 };
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "errors.h"
+
 namespace muser::cpu {
 
 const char* isa_name(Isa isa) {
@@ -22,14 +24,25 @@ std::vector<Isa> available_isas() {
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                     __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
   if (avx2) out.push_back(Isa::Avx2);
+  // the AVX-512 twins use VNNI (int8 dot products) and VBMI (byte permutes):
+  // Ice Lake, Sapphire Rapids, Zen 4 and later
   if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vnni"))
+      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi"))
     out.push_back(Isa::Avx512);
-#elif defined(__aarch64__) || defined(__ARM_NEON)
+#elif defined(__aarch64__) && defined(__ARM_NEON)
   out.push_back(Isa::Neon);
 #endif
   return out;
+}
+
+Isa isa_by_name(const std::string& name) {
+  std::string choices;
+  for (Isa i : available_isas()) {
+    if (name == isa_name(i)) return i;
+    choices += (choices.empty() ? "" : ", ") + std::string(isa_name(i));
+  }
+  throw ArgValueError("isa '" + name + "' is not available on this machine/build (available: " + choices + ")");
 }
 
 Isa active_isa() {

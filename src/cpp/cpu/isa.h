@@ -14,5 +14,7 @@ std::vector<Isa> available_isas();
 // when that is available (tests use it to run every twin).
 Isa active_isa();
 const char* isa_name(Isa isa);
+// The available path named `name`; throws ArgValueError naming the choices.
+Isa isa_by_name(const std::string& name);
 
 }  // namespace muser::cpu

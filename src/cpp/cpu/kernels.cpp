@@ -1,6 +1,7 @@
 // Scalar CPU kernels: norms, the reference matvec and the epilogue. Their
 // arithmetic is specified in docs/numerics.md; each loop is written in that
-// order and nothing here may be reassociated (-ffp-contract=off).
+// order and nothing here may be reassociated (-ffp-contract=off). The
+// canonical epilogue's SIMD twins are epilogue_avx512.cpp / epilogue_avx2.cpp.
 #include "cpu/kernels.h"
 
 #include <cmath>
@@ -98,7 +99,7 @@ void softcap_reference_inplace(float* y, int64_t n, float cap, float inv_cap) {
   for (int64_t i = 0; i < n; ++i) y[i] = cap * tanhf(y[i] * inv_cap);
 }
 
-void softcap_canon_inplace(float* y, int64_t n, float scale, float cap, float inv_cap) {
+void softcap_canon_scalar(float* y, int64_t n, float scale, float cap, float inv_cap) {
   for (int64_t i = 0; i < n; ++i) y[i] = canon_epilogue(y[i], scale, cap, inv_cap);
 }
 

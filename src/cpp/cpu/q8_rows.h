@@ -1,0 +1,65 @@
+// The float side of the q8 dot product (docs/numerics.md, "q8 activations"),
+// written once for the twins that compute one (row, block) at a time: the
+// scalar definition (matvec_scalar.cpp), AVX2 (matvec_q8_avx2.cpp) and NEON
+// (matvec_neon.cpp). Each twin supplies block "dot" types computing the
+// exact integer sums its own way; the float order lives only here, so the
+// twins cannot drift apart. (The AVX-512 twin computes 16 rows per lane-wise
+// fma instead; it is tested bit-equal to this.)
+//
+// A dot type D has:  void load(const uint8_t* block)   unpack one weight block
+//                    int32_t isum(const int8_t* xq, const int16_t* xsum) const
+//                    int32_t msum(const int16_t* xsum) const      (mins; 0 if none)
+//                    float d, dmin                                 (f32 of the f16s)
+// where xq points at the token's quants of the block and xsum at its
+// ActsQ8::sum32 (Q4_K/Q5_K) or sum16 (Q6_K) entries.
+//
+// Everything here has internal linkage: each including file is compiled
+// with its own ISA flags and must not share inline code with the others.
+#pragma once
+#include <cmath>
+
+#include "cpu/kernels.h"
+
+namespace muser::cpu {
+namespace {
+
+constexpr int kQ8TokenTile = 16;
+
+enum class Q8Kind { KQuant45, Q6K, Q80 };
+
+template <class D, Q8Kind kKind>
+void q8_rows(const WeightView& w, const ActsQ8& a, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  const int block = kKind == Q8Kind::Q80 ? kQK8_0 : kQK_K;
+  const int64_t block_bytes = w.row_bytes / a.blocks;
+  const int64_t sums_per_block = kKind == Q8Kind::Q6K ? 16 : 8;
+  const int16_t* sums = kKind == Q8Kind::Q6K ? a.sum16.data() : a.sum32.data();
+  D dot;
+  float sum_q[kQ8TokenTile], sum_m[kQ8TokenTile];
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = w.data + r * w.row_bytes;
+    for (int k0 = 0; k0 < a.tokens; k0 += kQ8TokenTile) {
+      const int nt = a.tokens - k0 < kQ8TokenTile ? a.tokens - k0 : kQ8TokenTile;
+      for (int k = 0; k < nt; ++k) sum_q[k] = sum_m[k] = 0.0f;
+      for (int64_t b = 0; b < a.blocks; ++b) {
+        dot.load(row + b * block_bytes);
+        for (int k = 0; k < nt; ++k) {
+          const int64_t tok = k0 + k;
+          const int8_t* xq = a.qs.data() + tok * a.cols + b * block;
+          const float dx = a.d[(size_t)(tok * a.blocks + b)];
+          if (kKind == Q8Kind::Q80) {
+            sum_q[k] = fmaf((float)dot.isum(xq, nullptr), dot.d * dx, sum_q[k]);
+          } else {
+            const int16_t* xs = sums + tok * a.blocks * sums_per_block + b * sums_per_block;
+            sum_q[k] = fmaf(dx * dot.d, (float)dot.isum(xq, xs), sum_q[k]);
+            if (kKind == Q8Kind::KQuant45) sum_m[k] = fmaf(dx * dot.dmin, (float)dot.msum(xs), sum_m[k]);
+          }
+        }
+      }
+      for (int k = 0; k < nt; ++k)
+        y[(k0 + k) * ldy + r] = kKind == Q8Kind::KQuant45 ? sum_q[k] - sum_m[k] : sum_q[k];
+    }
+  }
+}
+
+}  // namespace
+}  // namespace muser::cpu
