@@ -286,21 +286,28 @@ struct DecodeQ6K {
   static constexpr bool kGuard = false, kFactors = false;
   template <int R>
   using Lane = RowLane<R, kBlockBytes>;
+  // one unit's bytes packed into 5 registers per row (two units of 4 rows are in flight)
   template <int R>
   struct Raw {
-    uint32_t ql[R][4], qh[R][2], sc[R][8], d[R];
+    uint32_t ql[R];     // byte i: ql[32i + lane]
+    uint32_t qh[R];     // byte i: qh[32i + lane] (i < 2)
+    uint32_t sc[R][2];  // byte s%4 of word s/4: scales[2s + lane/16]
+    uint32_t d[R];
   };
   template <int R>
   static __device__ __forceinline__ void load(Raw<R>& raw, const Lane<R>& p, int lane) {
+    auto pack4 = [](uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
+      return __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
+    };
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const uint8_t* b = p.row[r];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) raw.ql[r][i] = ld_weight_u8(b + 32 * i + lane);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) raw.qh[r][i] = ld_weight_u8(b + 128 + 32 * i + lane);
-#pragma unroll
-      for (int s = 0; s < 8; ++s) raw.sc[r][s] = ld_weight_u8(b + 192 + 2 * s + (lane >> 4));
+      const uint8_t* sc = b + 192 + (lane >> 4);
+      raw.ql[r] = pack4(ld_weight_u8(b + lane), ld_weight_u8(b + 32 + lane), ld_weight_u8(b + 64 + lane),
+                        ld_weight_u8(b + 96 + lane));
+      raw.qh[r] = __byte_perm(ld_weight_u8(b + 128 + lane), ld_weight_u8(b + 160 + lane), 0x0040);
+      raw.sc[r][0] = pack4(ld_weight_u8(sc), ld_weight_u8(sc + 2), ld_weight_u8(sc + 4), ld_weight_u8(sc + 6));
+      raw.sc[r][1] = pack4(ld_weight_u8(sc + 8), ld_weight_u8(sc + 10), ld_weight_u8(sc + 12), ld_weight_u8(sc + 14));
       raw.d[r] = ld_weight_u16(b + 208);
     }
   }
@@ -312,10 +319,10 @@ struct DecodeQ6K {
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
         const int half = s >> 2, quarter = s & 3;
-        const uint32_t low = (raw.ql[r][2 * half + (quarter & 1)] >> (4 * (quarter >> 1))) & 0xfu;
-        const uint32_t high = (raw.qh[r][half] >> (2 * quarter)) & 3u;
-        const float q = byte_as_float(low | (high << 4), 0) - 32.0f;       // exact
-        const float sc = byte_as_float(raw.sc[r][s] ^ 0x80u, 0) - 128.0f;  // the int8 scale, exact
+        const uint32_t low = (raw.ql[r] >> (8 * (2 * half + (quarter & 1)) + 4 * (quarter >> 1))) & 0xfu;
+        const uint32_t high = (raw.qh[r] >> (8 * half + 2 * quarter)) & 3u;
+        const float q = byte_as_float(low | (high << 4), 0) - 32.0f;                          // exact
+        const float sc = byte_as_float(((raw.sc[r][s >> 2] >> (8 * (s & 3))) & 0xffu) ^ 0x80u, 0) - 128.0f;  // int8, exact
         w[r][s] = (d * sc) * q;  // as dequant_block_q6_k: (d * scale) * q, two roundings
       }
     }
