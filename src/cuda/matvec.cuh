@@ -23,7 +23,7 @@
 // Decode. A K-quant weight is d1*q - m1 with one (d1, m1) per 32-element
 // sub-block. In the canonical order every lane touches all 8 sub-blocks of a
 // block, so each lane computes ONE of the 16 factors of one of two rows and the
-// warp shares them through shared memory (kquant_factors). Q4_K/Q5_K blocks are
+// warp shares them through shared memory (store_factors, read_factors). Q4_K/Q5_K blocks are
 // permuted at load (repack.cuh) so a lane's 4 quant bytes are one 32-bit load
 // and its 8 fifth bits one byte; q becomes an exact float as 2^23 + q - 2^23.
 // Weights stream through ld.global.nc.L1::no_allocate (read once, keep L1 for x).
