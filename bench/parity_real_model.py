@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     add("pinned", "ggml", lambda: by_prompt(muser.Head.load(path, route="pinned", threads=args.threads)))
     for route in ("graph", "fused", "canonical", "reference"):
         add(route, "f32", lambda route=route: np.array(muser.Head.load(path, route=route)(cap.hidden)))
-    add("graph", "q8", lambda: np.array(muser.Head.load(path, route="graph", acts="q8")(cap.hidden)))
+    for route in ("graph", "fused", "canonical", "reference"):
+        add(route, "q8", lambda route=route: np.array(muser.Head.load(path, route=route, acts="q8")(cap.hidden)))
     add("emulated ggml q8", "q8 (numpy)", lambda: emulate_ggml_q8(path, cap.hidden))
 
     info = {k: cap.info[k] for k in ("model", "tensor", "ggml_version", "ggml_commit", "llama_cpp_python",

@@ -320,19 +320,21 @@ def test_rung5_f32_routes_within_the_activation_quantization_bound(g, heads, hid
     assert (delta / bound).max() < 0.5
 
 
-@pytest.mark.xfail(raises=muser.DeviceError, strict=True,
-                   reason="acts='q8' (ggml's activation quantization) is not implemented on the CPU device yet")
 @pytest.mark.parametrize("type_name", HEAD_TYPES)
-def test_rung5_q8_activations_match_pinned(g, heads, hidden5, type_name):
+@pytest.mark.parametrize("route", ["graph", "fused", "canonical", "reference"])
+def test_rung5_q8_activations_match_pinned(g, heads, hidden5, type_name, route):
     """acts="q8" quantizes the normed vector as ggml's CPU does: then only the
-    accumulation order inside vec_dot can differ from the pinned bytes."""
+    accumulation order inside vec_dot (and, for canonical, its own norm order)
+    can differ from the pinned bytes. Measured max |delta|: Q5_K 1.4e-5,
+    Q6_K 4.5e-6, Q8_0 7.2e-7 (reference: <= 4.8e-7); 11-41 % byte-equal."""
     path = heads[type_name]
     pinned = muser.Head.load(path, route="pinned", threads=2)
     ref = np.stack([pinned(r) for r in hidden5])
-    ours = np.array(muser.Head.load(path, route="graph", acts="q8")(hidden5))
-    delta = np.abs(ours.astype(np.float64) - ref)
-    assert delta.max() <= 1e-4 * max(1.0, float(np.abs(ref).max()))
-    np.testing.assert_array_equal(ours.argmax(1), ref.argmax(1))
+    ours = np.array(muser.Head.load(path, route=route, acts="q8")(hidden5))
+    r = muser.compare(ours, ref)
+    assert r.max_abs <= 1e-4 * max(1.0, float(np.abs(ref).max())), r.table()
+    assert r.argmax_agreement == 1.0, r.table()
+    assert r.byte_equal > 0.05, r.table()  # same int8 activations: many logits land on ggml's exact bytes
 
 
 # ---------------------------------------------------------------------------

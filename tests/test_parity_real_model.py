@@ -111,11 +111,24 @@ def test_the_f32_gap_is_ggmls_activation_quantization(capture, model_path):
     assert r.byte_equal > 0.1, r.table()
 
 
-@pytest.mark.xfail(raises=muser.DeviceError, strict=True,
-                   reason="acts='q8' (ggml's activation quantization) is not implemented on the CPU device yet")
-def test_q8_activations_match_llama_cpp(capture, model_path):
-    head = muser.Head.load(model_path, route="graph", acts="q8")
+@pytest.mark.parametrize("route", ["graph", "fused"])  # reference q8: rung 5 on synthetic heads (slow here)
+def test_q8_activations_match_llama_cpp(capture, model_path, route):
+    """ggml's own Q8_0 activation quantization (acts="q8"): every argmax equal,
+    max |delta| <= 1e-4 (measured 2.5e-5, 25.6 % of the logits byte-equal)."""
+    head = muser.Head.load(model_path, route=route, acts="q8")
     r = muser.compare(head, capture.logits, hidden=capture.hidden)
-    print(f"\nacts=q8 vs llama.cpp: max {r.max_abs:.3g} mean {r.mean_abs:.3g} byte-equal {100 * r.byte_equal:.1f} %")
     assert r.argmax_agreement == 1.0, r.table()
-    assert r.max_abs <= 1e-4, r.table()
+    assert r.max_abs <= 1e-4 and r.mean_abs <= 2e-6, r.table()
+    assert r.byte_equal > 0.1, r.table()
+
+
+def test_q8_canonical_argmax_matches_llama_cpp(capture, model_path):
+    """The canonical route normalizes in its own order, so an activation sitting
+    on a rounding boundary can land one int8 step away from ggml's: a logit then
+    moves by one step (amax/127) times one weight. Measured: 23,156 of 76,800
+    normed values differ from ggml's by an ulp, one of them changes its int8, and
+    the worst logit moves by 0.004. Bounded by that; argmax equal."""
+    head = muser.Head.load(model_path, route="canonical", acts="q8")
+    r = muser.compare(head, capture.logits, hidden=capture.hidden)
+    assert r.argmax_agreement == 1.0, r.table()
+    assert r.max_abs <= 1e-2 and r.mean_abs <= 1e-4, r.table()
