@@ -1,6 +1,9 @@
 // The CPU device: weights are read in place from the mmap; every node is a
 // parallel_for over rows or elements; nodes run one after another (the
-// barrier is the end of the parallel region).
+// barrier is the end of the parallel region), each timed under its own label.
+// The matvec runs the active ISA's twin (cpu/matvec_dispatch.cpp); with
+// acts="q8" the normed vectors are first quantized as ggml's CPU does
+// (cpu/acts_q8.cpp), inside the lm_head node as in ggml's mul_mat.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -105,17 +108,19 @@ class CpuDevice final : public Device {
           break;
         }
         case NodeKind::AddBias:
-          for (int64_t k = 0; k < t; ++k)
-            for (int64_t r = 0; r < V; ++r) logits[k * V + r] = logits[k * V + r] + w_->bias[r];
+          elementwise(nl, [&](int64_t a, int64_t b) {
+            for (int64_t i = a; i < b; ++i) logits[i] = logits[i] + w_->bias[i % V];
+          });
           break;
         case NodeKind::Scale:
           elementwise(nl, [&](int64_t a, int64_t b) { cpu::scale_inplace(logits + a, b - a, node.f0); });
           break;
         case NodeKind::Tanh:
-          elementwise(nl, [&](int64_t a, int64_t b) { cpu::tanh_inplace(logits + a, b - a); });
+          elementwise(nl, [&](int64_t a, int64_t b) { cpu::tanh_inplace(logits + a, b - a); }, true);
           break;
         case NodeKind::SoftcapFused:
-          elementwise(nl, [&](int64_t a, int64_t b) { cpu::softcap_fused_inplace(logits + a, b - a, node.f0, node.f1); });
+          elementwise(
+              nl, [&](int64_t a, int64_t b) { cpu::softcap_fused_inplace(logits + a, b - a, node.f0, node.f1); }, true);
           break;
         case NodeKind::SoftcapReference:
           cpu::softcap_reference_inplace(logits, nl, node.f1, node.f2);
@@ -134,9 +139,14 @@ class CpuDevice final : public Device {
   }
 
  private:
+  // Element-wise nodes over the logits. A fork-join costs little on an idle
+  // machine but up to a scheduler time slice (milliseconds) when another
+  // process holds a core, so only work worth more than that is split:
+  // libm tanhf (~10 ns per logit) in 32 Ki chunks, arithmetic-only nodes
+  // (scale, bias, the vectorized canonical cap: well under 1 ns) in 1 Mi.
   template <class F>
-  void elementwise(int64_t n, const F& f) {
-    cpu::parallel_for(n, 1 << 15, threads_, f);
+  void elementwise(int64_t n, const F& f, bool calls_libm = false) {
+    cpu::parallel_for(n, calls_libm ? (1 << 15) : (1 << 20), threads_, f);
   }
 
   int threads_;

@@ -208,7 +208,8 @@ void rows_chunk(const WeightView& w, const float* x, int64_t ldx, int64_t r, int
   D dec[R];
   const int64_t full_end = c0 + (c1 - c0) / kQK_K * kQK_K;
   for (int64_t c = c0; c < full_end; c += kQK_K) {
-    const int64_t ahead = c + 4 * kQK_K;  // prefetch four blocks on, or the next rows' chunk start
+    // prefetch ~1.5 KiB on in this row, or the start of the next rows' chunk
+    const int64_t ahead = c + std::max<int64_t>(1, 1536 / D::kBlockBytes) * kQK_K;
     for (int i = 0; i < R; ++i) {
       const uint8_t* p = ahead < c1 ? rows[i] + ahead / kQK_K * D::kBlockBytes
                                     : rows[i] + R * w.row_bytes + (c0 + ahead - c1) / kQK_K * D::kBlockBytes;
@@ -265,7 +266,7 @@ template <class D, int T>
 void rows_for_tokens(const WeightView& w, const float* x, int64_t ldx, int64_t r0, int64_t r1, float* y,
                      int64_t ldy) {
   constexpr int R = T == 1 ? 2 : 1;
-  constexpr int64_t kL1Floats = 8192;  // 32 KiB of activations per column chunk
+  constexpr int64_t kL1Floats = 4096;  // 16 KiB of activations per column chunk
   const int64_t K = w.cols;
   const int64_t chunk = std::max<int64_t>(kQK_K, kL1Floats / T / kQK_K * kQK_K);
   AccPair acc[R * T];
