@@ -109,10 +109,8 @@ inline int chunk_blocks(int nt) { return kMaxChunk / nt; }
 // left a fifth of the read bandwidth unused).
 constexpr int64_t kPrefetchBytes = 1536;
 inline void prefetch_ahead(const uint8_t* row, int64_t row_bytes, int j, int cb, int64_t block_bytes, int ahead) {
-  int jj = j + ahead;
-  const uint8_t* p = row;
-  if (jj >= cb) jj -= cb, p += row_bytes;
-  p += jj * block_bytes;
+  const int later = j + ahead;  // position in the pass: row-major over cb blocks per row
+  const uint8_t* p = row + (later / cb) * row_bytes + (later % cb) * block_bytes;
   for (int64_t o = 0; o < block_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
 }
 
