@@ -145,10 +145,9 @@ HeadSpec read_head_spec(const GGUFFile& f, const SpecOverrides& ov) {
   }
   s.norm_weight = "output_norm.weight";
   check_vector_tensor(f, need_tensor(f, s.norm_weight, "final norm weight"), s.hidden, "final norm weight");
-  if (const GGUFTensorInfo* b = f.find_tensor("output_norm.bias")) {
-    check_vector_tensor(f, *b, s.hidden, "final norm bias");
-    s.norm_bias = b->name;
-  }
+  // None of the architectures with a rule reads output_norm.bias (llama.cpp's
+  // build_norm(..., NULL, ...) for all of them), so a file's bias is ignored;
+  // the AddBeta node exists for architectures whose graphs do use one.
 
   // output weight: output.weight, else the tied token embedding
   if (ov.output_weight) {
@@ -172,11 +171,7 @@ HeadSpec read_head_spec(const GGUFFile& f, const SpecOverrides& ov) {
                 std::to_string(s.hidden));
   s.vocab = w.shape[1];
   s.output_type = w.type;
-  if (const GGUFTensorInfo* b = f.find_tensor("output.bias")) {
-    if (b->type != (uint32_t)GgmlType::F32 || b->nelements() != s.vocab)
-      fail(f, "output bias 'output.bias' must be F32 with " + std::to_string(s.vocab) + " elements");
-    s.output_bias = b->name;
-  }
+  // Likewise no rule's graph adds output.bias after the LM head.
 
   // logit scale
   s.scale_mode = rule.scale_mode;
