@@ -89,9 +89,15 @@ struct DecodeKQuant {
     kquant_unpack<kQ5>(qs, qh, z);
     alignas(16) uint8_t bytes[16];
     kquant_scale_bytes(scales, bytes);
+    // d and dmin widened together; the scales and mins times them (exact: an
+    // 11-bit f16 times a 6-bit integer), each factor broadcast from memory so
+    // the shuffle port stays free for the byte permutes
+    alignas(16) float dm[4];
+    _mm_store_ps(dm, _mm_cvtph_ps(_mm_cvtsi32_si128((int)d | ((int)dmin << 16))));
+    reload_barrier();
     const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(bytes))));
-    const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(d)), _mm512_set1_ps(-_cvtsh_ss(dmin)));
-    _mm512_store_ps(sm, _mm512_mul_ps(f, dd));  // exact: an 11-bit f16 times a 6-bit integer
+    const __m512 scaled = _mm512_mul_ps(f, _mm512_set1_ps(dm[0]));
+    _mm512_store_ps(sm, _mm512_mask_mul_ps(scaled, 0xFF00, f, _mm512_set1_ps(-dm[1])));
     reload_barrier();
   }
   // sub-block s sits in z[kZ[s]] from byte kByte[s] (kquant_unpack's order 0,2,1,3,4,6,5,7)
@@ -216,6 +222,7 @@ void rows_chunk(const WeightView& w, const float* x, int64_t ldx, int64_t r, int
       for (int64_t o = 0; o < D::kBlockBytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
       dec[i].load(rows[i] + c / kQK_K * D::kBlockBytes);
     }
+#pragma GCC unroll 8  // constant sub-block positions: the permute indices fold to constants
     for (int s = 0; s < 8; ++s) {
       for (int i = 0; i < R; ++i) {
         __m512 w0, w1;

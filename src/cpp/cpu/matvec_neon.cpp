@@ -159,10 +159,9 @@ struct DotKQuant45 {
   }
 };
 
-struct DotQ6K {
+struct DotQ6K : Q8DotNoMins {
   int8x16_t q[16];  // q - 32 of elements 16j .. 16j+15
   int8_t scales[16];
-  float d = 0, dmin = 0;
   void load(const uint8_t* blk) {
     const BlockQ6_K& b = *reinterpret_cast<const BlockQ6_K*>(blk);
     const uint8x16_t low4 = vdupq_n_u8(0x0F), three = vdupq_n_u8(3);
@@ -189,12 +188,10 @@ struct DotQ6K {
     for (int j = 0; j < 16; ++j) s += scales[j] * vaddvq_s32(dot16(vdupq_n_s32(0), q[j], vld1q_s8(xq + 16 * j)));
     return s;
   }
-  int32_t msum(const int16_t*) const { return 0; }
 };
 
-struct DotQ80 {
+struct DotQ80 : Q8DotNoMins {
   const BlockQ8_0* b = nullptr;
-  float d = 0, dmin = 0;
   void load(const uint8_t* blk) {
     b = reinterpret_cast<const BlockQ8_0*>(blk);
     d = f16_to_f32(b->d);
@@ -204,7 +201,6 @@ struct DotQ80 {
     acc = dot16(acc, vld1q_s8(b->qs + 16), vld1q_s8(xq + 16));
     return vaddvq_s32(acc);
   }
-  int32_t msum(const int16_t*) const { return 0; }
 };
 
 }  // namespace

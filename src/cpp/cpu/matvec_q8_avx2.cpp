@@ -81,11 +81,10 @@ struct DotKQuant45 {
   }
 };
 
-struct DotQ6K {
+struct DotQ6K : Q8DotNoMins {
   __m256i q[8];  // elements 32s..32s+31, unsigned 0..63
   __m256i sc[8];  // words: sub-block 2s in the low 128 bits, 2s+1 in the high
   int8_t scales[16];
-  float d = 0, dmin = 0;
   void load(const uint8_t* blk) {
     const BlockQ6_K& b = *reinterpret_cast<const BlockQ6_K*>(blk);
     const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
@@ -114,12 +113,10 @@ struct DotQ6K {
     for (int j = 0; j < 16; ++j) offset += scales[j] * sum16[j];
     return hsum_epi32(acc) - 32 * offset;
   }
-  int32_t msum(const int16_t*) const { return 0; }
 };
 
-struct DotQ80 {
+struct DotQ80 : Q8DotNoMins {
   const BlockQ8_0* b = nullptr;
-  float d = 0, dmin = 0;
   void load(const uint8_t* blk) {
     b = reinterpret_cast<const BlockQ8_0*>(blk);
     d = _cvtsh_ss(b->d);
@@ -131,7 +128,6 @@ struct DotQ80 {
     const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
     return hsum_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
   }
-  int32_t msum(const int16_t*) const { return 0; }
 };
 
 }  // namespace

@@ -7,13 +7,9 @@
 //   elements j = l mod 32 and accumulates acc = fmaf(w[j], x[j], acc) in
 //   increasing j from +0; canon_tree32 joins the lanes. Weights come from
 //   muser/dequant.h, one block at a time, shared by every token.
-// q8 (int8 activations, ActsQ8): per (row, token), per weight block b in
-//   order: the block's integer dot product exactly (int32), then
-//     Q4_K/Q5_K: sum_q = fmaf(d_b, (float)isum_b, sum_q)
-//                sum_m = fmaf(dmin_b, (float)msum_b, sum_m)   y = sum_q - sum_m
-//     Q6_K:      sum_q = fmaf(d_b, (float)isum_b, sum_q)       y = sum_q
-//     Q8_0:      sum_q = fmaf((float)isum_b, dw_b * dx_b, sum_q)  y = sum_q
-//   with d_b = dx_b * f16(w.d), dmin_b = dx_b * f16(w.dmin) (ggml's products).
+// q8 (int8 activations, ActsQ8): the float order of q8_rows.h over the
+//   plainest exact integer block sums, element by element through
+//   muser/dequant.h's quant readers.
 #include <cmath>
 #include <cstring>
 
@@ -75,9 +71,8 @@ struct DotKQuant45 {
   }
 };
 
-struct DotQ6K {
+struct DotQ6K : Q8DotNoMins {
   const BlockQ6_K* b = nullptr;
-  float d = 0, dmin = 0;
   void load(const uint8_t* blk) {
     b = reinterpret_cast<const BlockQ6_K*>(blk);
     d = f16_to_f32(b->d);
@@ -91,12 +86,10 @@ struct DotQ6K {
     }
     return s;
   }
-  int32_t msum(const int16_t*) const { return 0; }
 };
 
-struct DotQ80 {
+struct DotQ80 : Q8DotNoMins {
   const BlockQ8_0* b = nullptr;
-  float d = 0, dmin = 0;
   void load(const uint8_t* blk) {
     b = reinterpret_cast<const BlockQ8_0*>(blk);
     d = f16_to_f32(b->d);
@@ -106,7 +99,6 @@ struct DotQ80 {
     for (int i = 0; i < kQK8_0; ++i) s += b->qs[i] * xq[i];
     return s;
   }
-  int32_t msum(const int16_t*) const { return 0; }
 };
 
 }  // namespace

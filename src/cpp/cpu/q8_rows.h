@@ -25,6 +25,12 @@ namespace {
 
 constexpr int kQ8TokenTile = 16;
 
+// What a dot type without mins (Q6_K, Q8_0) shares: no min scale, no mins sum.
+struct Q8DotNoMins {
+  float d = 0, dmin = 0;
+  int32_t msum(const int16_t*) const { return 0; }
+};
+
 enum class Q8Kind { KQuant45, Q6K, Q80 };
 
 template <class D, Q8Kind kKind>
