@@ -3,15 +3,15 @@
 // instruction order, and the float part is computed in the scalar twin's
 // order (docs/numerics.md, "q8 activations").
 //
-// Algorithm. Rows go in tiles of 16, columns in chunks of blocks, tokens in
-// groups of up to 8.
+// Algorithm. Rows go in tiles of 16, tokens in groups of up to 8; the tile
+// is walked block by block, each block across its 16 rows (16 sequential
+// weight streams, software-prefetched).
 //  1. Integer pass, row by row: a weight block is unpacked once into 64-byte
 //     vectors of unsigned quants (unpack_avx512.h) and, for each token,
 //       Q4_K/Q5_K/Q6_K: p = maddubs(q, x) (16-bit pair sums, no saturation:
 //                       2*63*127 < 2^15), acc = dpwssd(acc, p, sub-block scales)
 //       Q8_0:           acc = dpbusd(x + 128, w) - 128 * dpbusd(1, w)
-//     leaving one zmm of 16 int32 partial sums per (row, block, token) in a
-//     scratch tile.
+//     leaving one zmm of 16 int32 partial sums per (row, token) of the block.
 //  2. Reduction, per (block, token): reduce16 transposes-and-adds the 16
 //     rows' zmm into one zmm whose lane i is row i's exact block sum; the
 //     Q4_K/Q5_K mins sum (sum_j m_j * sum32_j) is reduced the same way from
@@ -90,27 +90,27 @@ inline __m512i mins_sum(const int16_t* tile_mins, const int16_t* x_sum32) {
   return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
 }
 
-// The integer partial sums and block scales of one column chunk of a tile,
-// on the stack (no allocation, no thread-local lookups in the loop).
-constexpr int kMaxChunk = 32;  // blocks (Q8_0: block pairs) x tokens per chunk
-struct alignas(64) ChunkScratch {
-  __m512i acc[kMaxChunk * kTileRows];      // [token][block in chunk][row]
-  int16_t mins[kMaxChunk][128];            // Q4_K/Q5_K: [block][mins_slot(row) + j]
-  uint16_t d[2 * kMaxChunk][kTileRows];    // f16 block scales [block][row]
-  uint16_t dmin[kMaxChunk][kTileRows];     // Q4_K/Q5_K f16 min scales [block][row]
+// One block's integer partial sums and scales for the 16 rows of a tile, on
+// the stack: the block is reduced as soon as its 16 rows are done, so this
+// stays in L1 whatever the row length.
+struct alignas(64) BlockScratch {
+  __m512i acc[kTokenGroup][kTileRows];  // [token][row]: partial sums of the block (two blocks for Q8_0)
+  int16_t mins[128];                    // Q4_K/Q5_K: row i's mins at mins_slot(i)
+  uint16_t d[2][kTileRows];             // f16 block scales [block of the pair][row]
+  uint16_t dmin[kTileRows];             // Q4_K/Q5_K f16 min scales
 };
 
-// Blocks per chunk for nt tokens: the chunk's partial sums fill ChunkScratch::acc.
-inline int chunk_blocks(int nt) { return kMaxChunk / nt; }
-
-// Software prefetch of the weight bytes `ahead` blocks later in the integer
-// pass's order (row-major over the chunk, then the next row). About 1.5 KiB
-// ahead measured best on the development machine (hardware prefetch alone
-// left a fifth of the read bandwidth unused).
+// Software prefetch of a row's block `ahead` blocks on (past the row's end:
+// the same place in the next tile's row). The integer pass walks the tile
+// block by block, each block across its 16 rows: 16 sequential streams.
+// About 1.5 KiB ahead measured best on the development machine (hardware
+// prefetch alone left a fifth of the read bandwidth unused).
 constexpr int64_t kPrefetchBytes = 1536;
-inline void prefetch_ahead(const uint8_t* row, int64_t row_bytes, int j, int cb, int64_t block_bytes, int ahead) {
-  const int later = j + ahead;  // position in the pass: row-major over cb blocks per row
-  const uint8_t* p = row + (later / cb) * row_bytes + (later % cb) * block_bytes;
+inline void prefetch_ahead(const uint8_t* row, int64_t row_bytes, int64_t b, int64_t nb, int64_t block_bytes) {
+  int64_t later = b + std::max<int64_t>(1, kPrefetchBytes / block_bytes);
+  const uint8_t* p = row;
+  if (later >= nb) later -= nb, p += kTileRows * row_bytes;
+  p += later * block_bytes;
   for (int64_t o = 0; o < block_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
 }
 
@@ -127,8 +127,7 @@ template <bool kQ5>
 void tile_kquant45(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int k0, int nt, float* y, int64_t ldy) {
   constexpr int64_t kBlockBytes = kQ5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
   const int64_t nb = a.blocks;
-  const int chunk = chunk_blocks(nt);
-  ChunkScratch s;
+  BlockScratch s;
   __m512 sum_q[kTokenGroup], sum_m[kTokenGroup];
   for (int k = 0; k < nt; ++k) sum_q[k] = sum_m[k] = _mm512_setzero_ps();
   // sub-block scale words for z[0..3]: (sc0|sc2), (sc1|sc3), (sc4|sc6), (sc5|sc7), 16 words each
@@ -137,62 +136,50 @@ void tile_kquant45(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int 
       _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1),
       _mm512_set_epi16(6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4),
       _mm512_set_epi16(7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5)};
-  for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
-    const int cb = (int)std::min<int64_t>(chunk, nb - b0);
-    for (int i = 0; i < kTileRows; ++i) {
-      if (i >= nr) {  // rows past the end of the matrix contribute zeros
-        for (int k = 0; k < nt; ++k)
-          for (int j = 0; j < cb; ++j) s.acc[(k * chunk + j) * kTileRows + i] = _mm512_setzero_si512();
-        for (int j = 0; j < cb; ++j) {
-          s.d[j][i] = s.dmin[j][i] = 0;
-          memset(&s.mins[j][mins_slot(i)], 0, 16);
-        }
-        continue;
+  for (int i = nr; i < kTileRows; ++i) {  // rows past the end of the matrix contribute zeros
+    for (int k = 0; k < nt; ++k) s.acc[k][i] = _mm512_setzero_si512();
+    s.d[0][i] = s.dmin[i] = 0;
+    memset(&s.mins[mins_slot(i)], 0, 16);
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* xq = a.qs_nibble_order.data() + (size_t)k0 * a.cols + b * kQK_K;
+    for (int i = 0; i < nr; ++i) {
+      const uint8_t* row = w.data + (r + i) * w.row_bytes;
+      prefetch_ahead(row, w.row_bytes, b, nb, kBlockBytes);
+      const uint8_t* blk = row + b * kBlockBytes;
+      __m512i z[4];
+      alignas(16) uint8_t sm[16];
+      if (kQ5) {
+        const BlockQ5_K& q = *reinterpret_cast<const BlockQ5_K*>(blk);
+        kquant_unpack<true>(q.qs, q.qh, z);
+        kquant_scale_bytes(q.scales, sm);
+        s.d[0][i] = q.d, s.dmin[i] = q.dmin;
+      } else {
+        const BlockQ4_K& q = *reinterpret_cast<const BlockQ4_K*>(blk);
+        kquant_unpack<false>(q.qs, nullptr, z);
+        kquant_scale_bytes(q.scales, sm);
+        s.d[0][i] = q.d, s.dmin[i] = q.dmin;
       }
-      const uint8_t* row = w.data + (r + i) * w.row_bytes + b0 * kBlockBytes;
-      for (int j = 0; j < cb; ++j) {
-        prefetch_ahead(row, w.row_bytes, j, cb, kBlockBytes, kPrefetchBytes / kBlockBytes);
-        const uint8_t* blk = row + j * kBlockBytes;
-        __m512i z[4];
-        alignas(16) uint8_t sm[16];
-        if (kQ5) {
-          const BlockQ5_K& q = *reinterpret_cast<const BlockQ5_K*>(blk);
-          kquant_unpack<true>(q.qs, q.qh, z);
-          kquant_scale_bytes(q.scales, sm);
-          s.d[j][i] = q.d, s.dmin[j][i] = q.dmin;
-        } else {
-          const BlockQ4_K& q = *reinterpret_cast<const BlockQ4_K*>(blk);
-          kquant_unpack<false>(q.qs, nullptr, z);
-          kquant_scale_bytes(q.scales, sm);
-          s.d[j][i] = q.d, s.dmin[j][i] = q.dmin;
-        }
-        const __m128i sm_bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
-        _mm_store_si128(reinterpret_cast<__m128i*>(&s.mins[j][mins_slot(i)]),
-                        _mm_cvtepu8_epi16(_mm_srli_si128(sm_bytes, 8)));
-        const __m512i scw = _mm512_castsi128_si512(_mm_cvtepu8_epi16(sm_bytes));
-        __m512i sc[4];
-        for (int c = 0; c < 4; ++c) sc[c] = _mm512_permutexvar_epi16(sc_idx[c], scw);
-        const int8_t* xq = a.qs_nibble_order.data() + (size_t)k0 * a.cols + (b0 + j) * kQK_K;
-        for (int k = 0; k < nt; ++k, xq += a.cols) {
-          __m512i acc = _mm512_setzero_si512();
-          for (int c = 0; c < 4; ++c)
-            acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(z[c], _mm512_loadu_si512(xq + 64 * c)), sc[c]);
-          s.acc[(k * chunk + j) * kTileRows + i] = acc;
-        }
+      const __m128i sm_bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
+      _mm_store_si128(reinterpret_cast<__m128i*>(&s.mins[mins_slot(i)]), _mm_cvtepu8_epi16(_mm_srli_si128(sm_bytes, 8)));
+      const __m512i scw = _mm512_castsi128_si512(_mm_cvtepu8_epi16(sm_bytes));
+      __m512i sc[4];
+      for (int c = 0; c < 4; ++c) sc[c] = _mm512_permutexvar_epi16(sc_idx[c], scw);
+      for (int k = 0; k < nt; ++k) {
+        const int8_t* xk = xq + (size_t)k * a.cols;
+        __m512i acc = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c)
+          acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(z[c], _mm512_loadu_si512(xk + 64 * c)), sc[c]);
+        s.acc[k][i] = acc;
       }
     }
+    const __m512 d16 = widen_f16x16(s.d[0]), dmin16 = widen_f16x16(s.dmin);
     for (int k = 0; k < nt; ++k) {
-      const float* dx = a.d.data() + (size_t)(k0 + k) * nb + b0;
-      const int16_t* xs32 = a.sum32.data() + (size_t)(k0 + k) * (a.cols / 32) + b0 * 8;
-      for (int j = 0; j < cb; ++j) {
-        const __m512i isum = reduce16(&s.acc[(k * chunk + j) * kTileRows]);
-        const __m512i msum = mins_sum(s.mins[j], xs32 + j * 8);
-        const __m512 dxb = _mm512_set1_ps(dx[j]);
-        const __m512 d = _mm512_mul_ps(dxb, widen_f16x16(s.d[j]));
-        const __m512 dmin = _mm512_mul_ps(dxb, widen_f16x16(s.dmin[j]));
-        sum_q[k] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), sum_q[k]);
-        sum_m[k] = _mm512_fmadd_ps(dmin, _mm512_cvtepi32_ps(msum), sum_m[k]);
-      }
+      const __m512i isum = reduce16(s.acc[k]);
+      const __m512i msum = mins_sum(s.mins, a.sum32.data() + (size_t)(k0 + k) * (a.cols / 32) + b * 8);
+      const __m512 dxb = _mm512_set1_ps(a.d[(size_t)(k0 + k) * nb + b]);
+      sum_q[k] = _mm512_fmadd_ps(_mm512_mul_ps(dxb, d16), _mm512_cvtepi32_ps(isum), sum_q[k]);
+      sum_m[k] = _mm512_fmadd_ps(_mm512_mul_ps(dxb, dmin16), _mm512_cvtepi32_ps(msum), sum_m[k]);
     }
   }
   for (int k = 0; k < nt; ++k) store_rows(y + (k0 + k) * ldy + r, nr, _mm512_sub_ps(sum_q[k], sum_m[k]));
@@ -202,8 +189,7 @@ void tile_kquant45(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int 
 void tile_q6k(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int k0, int nt, float* y, int64_t ldy) {
   constexpr int64_t kBlockBytes = sizeof(BlockQ6_K);
   const int64_t nb = a.blocks;
-  const int chunk = chunk_blocks(nt);
-  ChunkScratch s;
+  BlockScratch s;
   __m512 sum_q[kTokenGroup];
   for (int k = 0; k < nt; ++k) sum_q[k] = _mm512_setzero_ps();
   // z[c] holds sub-blocks 4c..4c+3 (16 elements each = 8 words of maddubs output)
@@ -213,48 +199,42 @@ void tile_q6k(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int k0, i
     for (int wd = 0; wd < 32; ++wd) idx[wd] = (int16_t)(4 * c + wd / 8);
     sc_idx[c] = _mm512_load_si512(idx);
   }
-  for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
-    const int cb = (int)std::min<int64_t>(chunk, nb - b0);
-    for (int i = 0; i < kTileRows; ++i) {
-      if (i >= nr) {
-        for (int k = 0; k < nt; ++k)
-          for (int j = 0; j < cb; ++j) s.acc[(k * chunk + j) * kTileRows + i] = _mm512_setzero_si512();
-        for (int j = 0; j < cb; ++j) s.d[j][i] = 0;
-        continue;
-      }
-      const uint8_t* row = w.data + (r + i) * w.row_bytes + b0 * kBlockBytes;
-      for (int j = 0; j < cb; ++j) {
-        prefetch_ahead(row, w.row_bytes, j, cb, kBlockBytes, kPrefetchBytes / kBlockBytes);
-        const BlockQ6_K& q = *reinterpret_cast<const BlockQ6_K*>(row + j * kBlockBytes);
-        __m512i z[4];
-        q6k_unpack(q, z, false);
-        s.d[j][i] = q.d;
-        const __m512i scw = _mm512_cvtepi8_epi16(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i*)q.scales)));
-        __m512i sc[4];
-        for (int c = 0; c < 4; ++c) sc[c] = _mm512_permutexvar_epi16(sc_idx[c], scw);
-        // -32 * sc_j as words in the low 256 bits: one dpwssd with ggml's
-        // bsums removes the +32 offset of the unsigned quants
-        const __m512i neg32sc = _mm512_zextsi256_si512(
-            _mm256_slli_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), _mm512_castsi512_si256(scw)), 5));
-        const int8_t* xq = a.qs.data() + (size_t)k0 * a.cols + (b0 + j) * kQK_K;
-        const int16_t* xs16 = a.sum16.data() + (size_t)k0 * (a.cols / 16) + (b0 + j) * 16;
-        for (int k = 0; k < nt; ++k, xq += a.cols, xs16 += a.cols / 16) {
-          __m512i acc = _mm512_dpwssd_epi32(
-              _mm512_setzero_si512(), neg32sc,
-              _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs16))));
-          for (int c = 0; c < 4; ++c)
-            acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(z[c], _mm512_loadu_si512(xq + 64 * c)), sc[c]);
-          s.acc[(k * chunk + j) * kTileRows + i] = acc;
-        }
+  for (int i = nr; i < kTileRows; ++i) {
+    for (int k = 0; k < nt; ++k) s.acc[k][i] = _mm512_setzero_si512();
+    s.d[0][i] = 0;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* xq = a.qs.data() + (size_t)k0 * a.cols + b * kQK_K;
+    const int16_t* xs16 = a.sum16.data() + (size_t)k0 * (a.cols / 16) + b * 16;
+    for (int i = 0; i < nr; ++i) {
+      const uint8_t* row = w.data + (r + i) * w.row_bytes;
+      prefetch_ahead(row, w.row_bytes, b, nb, kBlockBytes);
+      const BlockQ6_K& q = *reinterpret_cast<const BlockQ6_K*>(row + b * kBlockBytes);
+      __m512i z[4];
+      q6k_unpack(q, z, false);
+      s.d[0][i] = q.d;
+      const __m512i scw = _mm512_cvtepi8_epi16(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i*)q.scales)));
+      __m512i sc[4];
+      for (int c = 0; c < 4; ++c) sc[c] = _mm512_permutexvar_epi16(sc_idx[c], scw);
+      // -32 * sc_j as words in the low 256 bits: one dpwssd with ggml's
+      // bsums removes the +32 offset of the unsigned quants
+      const __m512i neg32sc = _mm512_zextsi256_si512(
+          _mm256_slli_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), _mm512_castsi512_si256(scw)), 5));
+      for (int k = 0; k < nt; ++k) {
+        const int8_t* xk = xq + (size_t)k * a.cols;
+        const int16_t* sk = xs16 + (size_t)k * (a.cols / 16);
+        __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(), neg32sc,
+                                          _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sk))));
+        for (int c = 0; c < 4; ++c)
+          acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(z[c], _mm512_loadu_si512(xk + 64 * c)), sc[c]);
+        s.acc[k][i] = acc;
       }
     }
+    const __m512 d16 = widen_f16x16(s.d[0]);
     for (int k = 0; k < nt; ++k) {
-      const float* dx = a.d.data() + (size_t)(k0 + k) * nb + b0;
-      for (int j = 0; j < cb; ++j) {
-        const __m512i isum = reduce16(&s.acc[(k * chunk + j) * kTileRows]);
-        const __m512 d = _mm512_mul_ps(_mm512_set1_ps(dx[j]), widen_f16x16(s.d[j]));
-        sum_q[k] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), sum_q[k]);
-      }
+      const __m512i isum = reduce16(s.acc[k]);
+      const __m512 d = _mm512_mul_ps(_mm512_set1_ps(a.d[(size_t)(k0 + k) * nb + b]), d16);
+      sum_q[k] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), sum_q[k]);
     }
   }
   for (int k = 0; k < nt; ++k) store_rows(y + (k0 + k) * ldy + r, nr, sum_q[k]);
@@ -264,54 +244,44 @@ void tile_q6k(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int k0, i
 void tile_q80(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int k0, int nt, float* y, int64_t ldy) {
   constexpr int64_t kPairBytes = 2 * sizeof(BlockQ8_0);
   const int64_t nb = a.blocks, npairs = (nb + 1) / 2;
-  const int chunk = chunk_blocks(nt);  // pairs per chunk
-  ChunkScratch s;
+  BlockScratch s;
   __m512 sum_q[kTokenGroup];
   for (int k = 0; k < nt; ++k) sum_q[k] = _mm512_setzero_ps();
   const __m512i ones = _mm512_set1_epi8(1);
-  for (int64_t p0 = 0; p0 < npairs; p0 += chunk) {
-    const int cp = (int)std::min<int64_t>(chunk, npairs - p0);
-    for (int i = 0; i < kTileRows; ++i) {
-      if (i >= nr) {
-        for (int k = 0; k < nt; ++k)
-          for (int j = 0; j < cp; ++j) s.acc[(k * chunk + j) * kTileRows + i] = _mm512_setzero_si512();
-        for (int j = 0; j < 2 * cp; ++j) s.d[j][i] = 0;
-        continue;
-      }
-      const BlockQ8_0* row = reinterpret_cast<const BlockQ8_0*>(w.data + (r + i) * w.row_bytes) + 2 * p0;
-      for (int j = 0; j < cp; ++j) {
-        prefetch_ahead(reinterpret_cast<const uint8_t*>(row), w.row_bytes, j, cp, kPairBytes, kPrefetchBytes / kPairBytes);
-        const int64_t b = 2 * (p0 + j);  // first block of the pair in the row
-        const bool two = b + 1 < nb;
-        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[2 * j].qs));
-        const __m512i wq = two ? _mm512_inserti64x4(_mm512_castsi256_si512(lo),
-                                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[2 * j + 1].qs)), 1)
-                               : _mm512_zextsi256_si512(lo);
-        s.d[2 * j][i] = row[2 * j].d;
-        s.d[2 * j + 1][i] = two ? row[2 * j + 1].d : 0;
-        // (x + 128) . w counts 128 * sum(w) too much
-        const __m512i excess = _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, wq), 7);
-        const uint8_t* xu = a.qs_biased.data() + (size_t)k0 * a.cols + b * kQK8_0;
-        for (int k = 0; k < nt; ++k, xu += a.cols) {
-          const __m512i xv = two ? _mm512_loadu_si512(xu)
-                                 : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xu)));
-          s.acc[(k * chunk + j) * kTileRows + i] =
-              _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), xv, wq), excess);
-        }
+  for (int i = nr; i < kTileRows; ++i) {
+    for (int k = 0; k < nt; ++k) s.acc[k][i] = _mm512_setzero_si512();
+    s.d[0][i] = s.d[1][i] = 0;
+  }
+  for (int64_t p = 0; p < npairs; ++p) {
+    const int64_t b = 2 * p;  // first block of the pair
+    const bool two = b + 1 < nb;
+    const uint8_t* xu = a.qs_biased.data() + (size_t)k0 * a.cols + b * kQK8_0;
+    for (int i = 0; i < nr; ++i) {
+      const uint8_t* row = w.data + (r + i) * w.row_bytes;
+      prefetch_ahead(row, w.row_bytes, p, npairs, kPairBytes);
+      const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
+      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[0].qs));
+      const __m512i wq = two ? _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[1].qs)), 1)
+                             : _mm512_zextsi256_si512(lo);
+      s.d[0][i] = blk[0].d;
+      s.d[1][i] = two ? blk[1].d : 0;
+      // (x + 128) . w counts 128 * sum(w) too much
+      const __m512i excess = _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, wq), 7);
+      for (int k = 0; k < nt; ++k) {
+        const uint8_t* xk = xu + (size_t)k * a.cols;
+        const __m512i xv = two ? _mm512_loadu_si512(xk)
+                               : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xk)));
+        s.acc[k][i] = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), xv, wq), excess);
       }
     }
+    const __m512 da16 = widen_f16x16(s.d[0]), db16 = widen_f16x16(s.d[1]);
     for (int k = 0; k < nt; ++k) {
-      const float* dx = a.d.data() + (size_t)(k0 + k) * nb + 2 * p0;
-      for (int j = 0; j < cp; ++j) {
-        __m512i isum_a, isum_b;
-        reduce16_pairs(&s.acc[(k * chunk + j) * kTileRows], &isum_a, &isum_b);
-        const __m512 da = _mm512_mul_ps(widen_f16x16(s.d[2 * j]), _mm512_set1_ps(dx[2 * j]));
-        sum_q[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_a), da, sum_q[k]);
-        if (2 * (p0 + j) + 1 < nb) {
-          const __m512 db = _mm512_mul_ps(widen_f16x16(s.d[2 * j + 1]), _mm512_set1_ps(dx[2 * j + 1]));
-          sum_q[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_b), db, sum_q[k]);
-        }
-      }
+      const float* dx = a.d.data() + (size_t)(k0 + k) * nb + b;
+      __m512i isum_a, isum_b;
+      reduce16_pairs(s.acc[k], &isum_a, &isum_b);
+      sum_q[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_a), _mm512_mul_ps(da16, _mm512_set1_ps(dx[0])), sum_q[k]);
+      if (two) sum_q[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_b), _mm512_mul_ps(db16, _mm512_set1_ps(dx[1])), sum_q[k]);
     }
   }
   for (int k = 0; k < nt; ++k) store_rows(y + (k0 + k) * ldy + r, nr, sum_q[k]);
