@@ -267,26 +267,33 @@ void rows_chunk(const WeightView& w, const float* x, int64_t ldx, int64_t r, int
 
 // Rows [r0, r1) for T tokens at x, two rows at a time for one token (each
 // canonical lane is one chain of dependent fmas, 4 cycles apiece: a second
-// row's chains fill the gaps); columns in chunks small enough that T tokens
-// of x stay in L1.
+// row's chains fill the gaps). When the tokens' activations fit in L1 each
+// row is done in one pass. Otherwise rows go in groups of kGroupRows, the
+// columns in chunks of ~24 KiB of activations, and every row of the group
+// takes a chunk before the next chunk, so a chunk of x is read from L1 by
+// the whole group (reading it from L2 for each row cost 3x at t = 8); the
+// accumulators wait between chunks in a parking buffer, an exact copy.
 template <class D, int T>
 void rows_for_tokens(const WeightView& w, const float* x, int64_t ldx, int64_t r0, int64_t r1, float* y,
                      int64_t ldy) {
   constexpr int R = T == 1 ? 2 : 1;
-  constexpr int64_t kL1Floats = 4096;  // 16 KiB of activations per column chunk
+  constexpr int64_t kL1Floats = 6144;  // 24 KiB of activations per column chunk
+  constexpr int kGroupRows = 32;
   const int64_t K = w.cols;
-  const int64_t chunk = std::max<int64_t>(kQK_K, kL1Floats / T / kQK_K * kQK_K);
-  AccPair acc[R * T];
-  auto run = [&](auto rows_const, int64_t r) {
-    constexpr int RR = decltype(rows_const)::value;
-    for (int j = 0; j < RR * T; ++j) acc[j].lo = acc[j].hi = _mm512_setzero_ps();
-    for (int64_t c0 = 0; c0 < K; c0 += chunk) rows_chunk<D, RR, T>(w, x, ldx, r, c0, std::min(K, c0 + chunk), acc);
-    for (int i = 0; i < RR; ++i)
-      for (int k = 0; k < T; ++k) y[k * ldy + r + i] = fold_canonical(acc[i * T + k].lo, acc[i * T + k].hi);
-  };
-  int64_t r = r0;
-  for (; r + R <= r1; r += R) run(std::integral_constant<int, R>{}, r);
-  for (; r < r1; ++r) run(std::integral_constant<int, 1>{}, r);
+  const int64_t chunk = T * K <= 2 * kL1Floats ? K : std::max<int64_t>(kQK_K, kL1Floats / T / kQK_K * kQK_K);
+  AccPair park[kGroupRows * T];
+  for (int64_t g = r0; g < r1; g += kGroupRows) {
+    const int64_t g1 = std::min(r1, g + kGroupRows);
+    for (int64_t j = 0; j < (g1 - g) * T; ++j) park[j].lo = park[j].hi = _mm512_setzero_ps();
+    for (int64_t c0 = 0; c0 < K; c0 += chunk) {
+      const int64_t c1 = std::min(K, c0 + chunk);
+      int64_t r = g;
+      for (; r + R <= g1; r += R) rows_chunk<D, R, T>(w, x, ldx, r, c0, c1, park + (r - g) * T);
+      for (; r < g1; ++r) rows_chunk<D, 1, T>(w, x, ldx, r, c0, c1, park + (r - g) * T);
+    }
+    for (int64_t r = g; r < g1; ++r)
+      for (int k = 0; k < T; ++k) y[k * ldy + r] = fold_canonical(park[(r - g) * T + k].lo, park[(r - g) * T + k].hi);
+  }
 }
 
 template <class D>
