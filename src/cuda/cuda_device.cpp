@@ -248,7 +248,11 @@ class CudaDeviceImpl final : public CudaDevice {
   std::shared_ptr<DeviceMemory> run_to_device(const std::vector<Node>& nodes, Acts acts, const float* hidden,
                                               bool hidden_on_device, int t,
                                               std::vector<NodeTiming>* timings) override {
-    if (acts != Acts::F32) throw DeviceError("acts='q8' is not available on the CUDA device yet");
+    if (acts == Acts::Q8 && !q8_supported(out_.type))
+      throw ArgValueError(std::string("acts='q8' quantizes the activations to int8 as ggml's CPU does for "
+                                      "Q4_K, Q5_K, Q6_K and Q8_0 weights; ") +
+                          spec_.output_weight + " is " + type_traits(out_.type).name +
+                          " (ggml multiplies float weights with float activations): use acts='f32'");
     if (t < 1) throw ArgValueError("t must be >= 1");
     DeviceScope scope(ordinal_);
     const int64_t H = spec_.hidden, V = spec_.vocab;
@@ -264,6 +268,8 @@ class CudaDeviceImpl final : public CudaDevice {
     if (!logits_ || logits_->bytes < lbytes) logits_ = std::make_shared<DeviceMemory>(lbytes, ordinal_, "logits");
     float* logits = static_cast<float*>(logits_->ptr);
 
+    acts_ = acts;
+    if (acts == Acts::Q8) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
     if (!timings) {
       for (const Node& n : nodes) enqueue(n, x, normed, logits, t);
       check(cudaStreamSynchronize(stream_), "the route's kernels (synchronize)");
@@ -350,8 +356,20 @@ class CudaDeviceImpl final : public CudaDevice {
       case NodeKind::LayerNormCanon: layer_norm(x, normed, H, t, n.f0, NormOrder::Canonical, stream_); break;
       case NodeKind::MulGamma: mul_rows(normed, gamma_f(), H, t, stream_); break;
       case NodeKind::AddBeta: add_rows(normed, beta_f(), H, t, stream_); break;
-      case NodeKind::Matvec: matvec_canon(matvec_args(normed, t, logits), stream_); break;
-      case NodeKind::MatvecReference: matvec_reference(matvec_args(normed, t, logits), stream_); break;
+      case NodeKind::Matvec:
+      case NodeKind::MatvecReference:
+        if (acts_ == Acts::Q8) {
+          // quantized once per call, read by every row (booked under the node, as ggml's mul_mat and the CPU do);
+          // the reference route runs the q8 definition too: this kernel is bit-equal to the CPU's scalar one
+          Q8Args q = q8_args(t, logits);
+          quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
+          matvec_q8(q, stream_);
+        } else if (n.kind == NodeKind::Matvec) {
+          matvec_canon(matvec_args(normed, t, logits), stream_);
+        } else {
+          matvec_reference(matvec_args(normed, t, logits), stream_);
+        }
+        break;
       case NodeKind::AddBias: add_rows(logits, bias_f(), V, t, stream_); break;
       case NodeKind::Scale: scale(logits, nl, n.f0, stream_); break;
       case NodeKind::Tanh: tanh_inplace(logits, nl, stream_); break;
@@ -383,6 +401,19 @@ class CudaDeviceImpl final : public CudaDevice {
     return a;
   }
 
+  Q8Args q8_args(int t, float* y) const {
+    Q8Args a;
+    a.w = static_cast<const uint8_t*>(weight_->ptr);
+    a.type = out_.type;
+    a.rows = out_.rows;
+    a.cols = out_.cols;
+    a.row_bytes = out_.row_bytes;
+    a.t = t;
+    a.y = y;
+    a.ldy = spec_.vocab;
+    return a;
+  }
+
   void ensure_events(size_t n) {
     while (events_.size() < n) {
       cudaEvent_t a = nullptr, b = nullptr;
@@ -401,7 +432,8 @@ class CudaDeviceImpl final : public CudaDevice {
   HeadSpec spec_;
   WeightView out_;  // shape and type of the weight (data: on the device, in weight_)
   std::unique_ptr<DeviceMemory> weight_, gamma_, beta_, bias_;
-  Scratch hidden_, normed_, topk_scratch_, topk_out_, flag_;
+  Scratch hidden_, normed_, topk_scratch_, topk_out_, flag_, acts_q8_;
+  Acts acts_ = Acts::F32;  // of the call being enqueued
   std::shared_ptr<DeviceMemory> logits_;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
 };

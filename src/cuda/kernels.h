@@ -55,6 +55,30 @@ void matvec_reference(const MatvecArgs& a, cudaStream_t stream);
 // Whether this build's CUDA matvec handles a ggml type.
 bool matvec_supports(uint32_t type);
 
+// ---- matvec_q8.cu: acts="q8", the CPU's q8 mode bit for bit (matvec_q8.cuh) ----
+// Whether acts="q8" has a kernel for a weight type (Q4_K, Q5_K, Q6_K, Q8_0).
+bool q8_supported(uint32_t type);
+struct Q8Args {
+  const uint8_t* w = nullptr;  // device weight, as repack_weight left it
+  uint32_t type = 0;
+  int64_t rows = 0, cols = 0, row_bytes = 0;
+  const int8_t* xq = nullptr;  // [t x xq_pitch] quantized activations, zero past cols
+  int64_t xq_pitch = 0;        // cols rounded up to 256
+  const uint8_t* meta = nullptr;  // [t x meta_per_token] block records (matvec_q8.cuh)
+  int64_t meta_per_token = 0;
+  int t = 0;
+  float* y = nullptr;  // [t x ldy]
+  int64_t ldy = 0;
+};
+// Bytes of device scratch quantize_acts_q8 needs for t tokens of K columns.
+size_t acts_q8_scratch_bytes(uint32_t type, int64_t K, int t);
+// Quantizes x [t x ldx] (K columns) into scratch as the CPU's q8 mode does for
+// the weight type and points a's xq/meta/t at it.
+void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int t, void* scratch, Q8Args* a,
+                      cudaStream_t stream);
+// y = W x with a's quantized activations (t <= 64 per launch; larger t in tiles).
+void matvec_q8(const Q8Args& a, cudaStream_t stream);
+
 // ---- topk.cu: the k best logits of each row (ties: lowest id; NaN never beats a number) ----
 // scratch must hold topk_scratch_bytes(V, t, k) bytes; ids/vals are device [t x k].
 size_t topk_scratch_bytes(int64_t V, int t, int k);

@@ -1,0 +1,582 @@
+// acts="q8" on CUDA: the LM-head matvec with int8 activations and integer
+// dot products on the tensor cores, bit-equal to the CPU's q8 mode
+// (docs/numerics.md, "CUDA q8").
+//
+// Activations. quantize_acts_q8 (matvec_q8.cu) quantizes the normed vector
+// exactly as the CPU's q8 mode does (ggml's x86 quantizers): Q8_K blocks of
+// 256 for K-quant weights, Q8_0 blocks of 32 for Q8_0 weights. It writes the
+// quants [t][Kpad] (int8, zero past K) and one record per (token, block):
+//   Q4_K/Q5_K (32 B): lo[8] | hi[8] | d | pad   the 8 sums of 32 quants as lo + 256*hi
+//   Q6_K      (48 B): lo[16] | hi[16] | d | pad the 16 sums of 16 quants
+//   Q8_0       (4 B): d (the f16 scale, widened)
+// (lo unsigned, hi signed bytes, so dp4a multiplies them with packed 6/8-bit scales).
+//
+// Integer sums. A warp owns 16 rows (rows G and G+8 of lane G*4+q) and up to
+// 64 tokens in tiles of 8: one mma.sync m16n8k32 (u8 weights x s8 quants;
+// m16n8k16 for Q6_K's 16-element groups, s8 x s8 for Q8_0) per sub-block and
+// token tile gives the exact integer dot product of every (row, token) pair of
+// the tile, in the lane that holds that pair (C fragment: rows G, G+8 x tokens
+// 2q, 2q+1). The k index of the mma is matched to element positions by the
+// same rule on both sides (lane quad q: positions 8q..8q+7 of the sub-block),
+// so the activations stay in their natural order in shared memory.
+//   isum = sum_s sc_s * C_s            (IMAD per sub-block)
+//   msum = sum_s m_s * sum32_s         (dp4a against the record's lo/hi bytes)
+// are the CPU's exact integers.
+//
+// Float order. The lane holding a (row, token) pair runs the CPU's chain over
+// the row's blocks in increasing order (q8_rows.h):
+//   sum_q = fmaf(dx*d, (float)isum, sum_q); sum_m = fmaf(dx*dmin, (float)msum, sum_m)
+//   y = sum_q - sum_m          (Q6_K: y = sum_q; Q8_0: sum_q = fmaf((float)isum, d*dx, sum_q))
+// so the logits equal the CPU's bit for bit, for any t and any row mapping.
+//
+// Weights. Q4_K/Q5_K use the device layout of repack.cuh (qs' words: one
+// position, four nibble pairs); a lane reads its 8 positions (32 bytes, two
+// 16-byte loads per row) and transposes them with 8 PRMTs per 16 bytes into
+// registers of 4 same-sub-block quants, merging the fifth bits from qh' with
+// one LOP3 each. Q6_K and Q8_0 blocks (2-byte aligned) are read in 16-bit
+// halves. Loads are ld.global.nc.L1::no_allocate, one unit ahead.
+#pragma once
+#include "kernels.h"
+#include "matvec.cuh"
+
+namespace muser::cuda {
+
+constexpr int kQ8RowsPerWarp = 16;
+constexpr int kQ8XPad = 32;  // bytes after each token's staged quants: 8 banks, so 4 tokens' LDS.64 never collide
+
+// ---------------------------------------------------------------- primitives
+
+__device__ __forceinline__ uint2 ld_weight_v2(const uint8_t* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+// 4 bytes at a 2-byte aligned address
+__device__ __forceinline__ uint32_t ld_weight_u32_a2(const uint8_t* p) {
+  return __byte_perm(ld_weight_u16(p), ld_weight_u16(p + 2), 0x5410);
+}
+
+// D = A(16x32 u8) B(32x8 s8), int32; A = {row G k 4q.., row G+8 k 4q.., row G k 16+4q.., row G+8 k 16+4q..}
+__device__ __forceinline__ void mma_u8s8_k32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+__device__ __forceinline__ void mma_s8s8_k32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+// D = A(16x16 u8) B(16x8 s8); A = {row G k 4q.., row G+8 k 4q..}
+__device__ __forceinline__ void mma_u8s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(b), "r"(0));
+}
+
+// sum of 4 byte products: unsigned x unsigned, unsigned x signed, signed x unsigned, signed x signed
+__device__ __forceinline__ int dp4a_uu(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ int dp4a_su(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ int dp4a_ss(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// byte c of w as an unsigned / sign-extended int (c a constant after unrolling)
+__device__ __forceinline__ int byte_u(uint32_t w, int c) { return (int)__byte_perm(w, 0u, 0x4440u | (uint32_t)c); }
+__device__ __forceinline__ int byte_s(uint32_t w, int c) {
+  int r;
+  asm("bfe.s32 %0, %1, %2, 8;" : "=r"(r) : "r"(w), "r"(8 * c));
+  return r;
+}
+
+// (a & 0x0f0f0f0f) | (b & 0xf0f0f0f0): one LOP3
+__device__ __forceinline__ uint32_t merge_nibbles(uint32_t a, uint32_t b) {
+  return (a & 0x0f0f0f0fu) | (b & 0xf0f0f0f0u);
+}
+
+// T[c] = byte c of w0, w1, w2, w3 (a 4x4 byte transpose, 8 PRMTs)
+__device__ __forceinline__ void transpose_bytes(const uint4& w, uint32_t (&T)[4]) {
+  const uint32_t a = __byte_perm(w.x, w.y, 0x5140), b = __byte_perm(w.x, w.y, 0x7362);
+  const uint32_t c = __byte_perm(w.z, w.w, 0x5140), d = __byte_perm(w.z, w.w, 0x7362);
+  T[0] = __byte_perm(a, c, 0x5410);
+  T[1] = __byte_perm(a, c, 0x7632);
+  T[2] = __byte_perm(b, d, 0x5410);
+  T[3] = __byte_perm(b, d, 0x7632);
+}
+
+__device__ __forceinline__ const uint8_t* q8_row_ptr(const Q8Args& a, int64_t row) {
+  return a.w + (row < a.rows ? row : a.rows - 1) * a.row_bytes;
+}
+
+// What compute() reads from shared memory for one unit.
+struct Q8Smem {
+  const int8_t* x;     // staged quants of token G of tile 0, at the unit's first column + the lane's offset
+  int tile_stride;     // bytes between token tiles (8 tokens)
+  const uint8_t* rec;  // record of token 2q of tile 0 for the unit's first meta block
+  int tok_stride;      // bytes between consecutive tokens' records
+};
+
+// ---------------------------------------------------------------- Q4_K / Q5_K
+
+// Scales and mins of a K-quant block header (d | dmin << 16, scales[0..3], [4..7], [8..11]):
+// sc[0] = sc_0..sc_3, sc[1] = sc_4..sc_7, likewise m (one byte each; k_scale_min packed).
+struct KScales {
+  float d, dmin;
+  uint32_t sc[2], m[2];
+  __device__ __forceinline__ explicit KScales(const uint4& h) {
+    d = half_bits_to_float(h.x & 0xffffu);
+    dmin = half_bits_to_float(h.x >> 16);
+    sc[0] = h.y & 0x3f3f3f3fu;
+    m[0] = h.z & 0x3f3f3f3fu;
+    sc[1] = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
+    m[1] = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+  }
+};
+
+// The float chain of one block for the 4 (row, token) pairs of each tile.
+// rec: K45 record (lo03, lo47, hi03, hi47, d).
+template <int NT>
+__device__ __forceinline__ void kquant45_float_step(const KScales (&ks)[2], const int (&isum)[NT][4], const Q8Smem& sm,
+                                                    float (&acc_q)[NT][4], float (&acc_m)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint8_t* rec = sm.rec + (nt * 8 + j) * sm.tok_stride;
+      const uint4 s = *reinterpret_cast<const uint4*>(rec);
+      const float dx = *reinterpret_cast<const float*>(rec + 16);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int lo = dp4a_uu(ks[r].m[1], s.y, dp4a_uu(ks[r].m[0], s.x, 0));
+        const int hi = dp4a_us(ks[r].m[1], s.w, dp4a_us(ks[r].m[0], s.z, 0));
+        const int msum = hi * 256 + lo;
+        const int i = 2 * r + j;
+        acc_q[nt][i] = fmaf(dx * ks[r].d, (float)isum[nt][i], acc_q[nt][i]);
+        acc_m[nt][i] = fmaf(dx * ks[r].dmin, (float)msum, acc_m[nt][i]);
+      }
+    }
+}
+
+// One block of sub-blocks 2c, 2c+1 for every tile: isum += sc * (A . B).
+template <int NT>
+__device__ __forceinline__ void kquant_pair_mma(const uint32_t (&alo)[4], const uint32_t (&ahi)[4], const KScales (&ks)[2],
+                                                int c, const Q8Smem& sm, int (&isum)[NT][4]) {
+  const int s0 = 2 * c, s1 = 2 * c + 1;
+  const int sc00 = byte_u(ks[0].sc[s0 >> 2], s0 & 3), sc10 = byte_u(ks[1].sc[s0 >> 2], s0 & 3);
+  const int sc01 = byte_u(ks[0].sc[s1 >> 2], s1 & 3), sc11 = byte_u(ks[1].sc[s1 >> 2], s1 & 3);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int8_t* xb = sm.x + nt * sm.tile_stride;
+    const uint2 b0 = *reinterpret_cast<const uint2*>(xb + 32 * s0);
+    const uint2 b1 = *reinterpret_cast<const uint2*>(xb + 32 * s1);
+    int C[4];
+    mma_u8s8_k32(C, alo, b0.x, b0.y);
+    isum[nt][0] += sc00 * C[0];
+    isum[nt][1] += sc00 * C[1];
+    isum[nt][2] += sc10 * C[2];
+    isum[nt][3] += sc10 * C[3];
+    mma_u8s8_k32(C, ahi, b1.x, b1.y);
+    isum[nt][0] += sc01 * C[0];
+    isum[nt][1] += sc01 * C[1];
+    isum[nt][2] += sc11 * C[2];
+    isum[nt][3] += sc11 * C[3];
+  }
+}
+
+template <bool kHigh>
+struct Q8DecKQuant {  // Q5_K (kHigh) or Q4_K, repacked (repack.cuh)
+  static constexpr int kUnit = 256, kMetaCols = 256, kRec = 32, kLaneBytes = 8;
+  static constexpr int kBlockBytes = kHigh ? 176 : 144;
+  static constexpr int kQsOffset = kHigh ? kQ5KQuantsOffset : kQ4KQuantsOffset;
+  static constexpr bool kMins = true;
+  struct Rows {
+    const uint8_t* hdr[2];  // block header of rows G, G+8
+    const uint8_t* qh[2];   // this lane's 8 bytes of qh' (Q5_K)
+    const uint8_t* qs[2];   // this lane's 32 bytes of qs'
+    __device__ Rows(const Q8Args& a, int64_t row_a, int64_t row_b, int q) {
+      hdr[0] = q8_row_ptr(a, row_a);
+      hdr[1] = q8_row_ptr(a, row_b);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        qh[i] = hdr[i] + kQ5KHighBitsOffset + 8 * q;
+        qs[i] = hdr[i] + kQsOffset + 32 * q;
+      }
+    }
+    __device__ __forceinline__ void advance(int units) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        hdr[i] += units * kBlockBytes;
+        if (kHigh) qh[i] += units * kBlockBytes;
+        qs[i] += units * kBlockBytes;
+      }
+    }
+  };
+  struct Raw {
+    uint4 hdr[2], qa[2], qb[2];
+    uint2 qh[2];
+  };
+  template <int kAhead>
+  static __device__ __forceinline__ void load(Raw& r, const Rows& p) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      r.hdr[i] = ld_weight_v4(p.hdr[i] + kAhead * kBlockBytes);
+      if (kHigh) r.qh[i] = ld_weight_v2(p.qh[i] + kAhead * kBlockBytes);
+      r.qa[i] = ld_weight_v4(p.qs[i] + kAhead * kBlockBytes);
+      r.qb[i] = ld_weight_v4(p.qs[i] + kAhead * kBlockBytes + 16);
+    }
+  }
+  template <int NT>
+  static __device__ __forceinline__ void compute(const Raw& r, const Q8Smem& sm, int /*blocks_left*/,
+                                                 float (&acc_q)[NT][4], float (&acc_m)[NT][4]) {
+    const KScales ks[2] = {KScales(r.hdr[0]), KScales(r.hdr[1])};
+    uint32_t T[2][4], U[2][4];  // T[i][c]: positions 8q..8q+3 of row i, nibble pair c; U: 8q+4..8q+7
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      transpose_bytes(r.qa[i], T[i]);
+      transpose_bytes(r.qb[i], U[i]);
+    }
+    int isum[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) isum[nt][i] = 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint32_t alo[4], ahi[4];  // sub-blocks 2c, 2c+1: {row G k-lo, row G+8 k-lo, row G k-hi, row G+8 k-hi}
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (kHigh) {
+          // qh' bit c -> sub-block 2c, bit 4+c -> 2c+1; after >> c they sit at bits 0 and 4 of each byte
+          const uint32_t x = (r.qh[i].x >> c) & 0x11111111u, xu = (r.qh[i].y >> c) & 0x11111111u;
+          alo[i] = merge_nibbles(T[i][c], x << 4);
+          alo[2 + i] = merge_nibbles(U[i][c], xu << 4);
+          ahi[i] = merge_nibbles(T[i][c] >> 4, x);
+          ahi[2 + i] = merge_nibbles(U[i][c] >> 4, xu);
+        } else {
+          alo[i] = T[i][c] & 0x0f0f0f0fu;
+          alo[2 + i] = U[i][c] & 0x0f0f0f0fu;
+          ahi[i] = (T[i][c] >> 4) & 0x0f0f0f0fu;
+          ahi[2 + i] = (U[i][c] >> 4) & 0x0f0f0f0fu;
+        }
+      }
+      kquant_pair_mma<NT>(alo, ahi, ks, c, sm, isum);
+    }
+    kquant45_float_step<NT>(ks, isum, sm, acc_q, acc_m);
+  }
+};
+using Q8DecQ5K = Q8DecKQuant<true>;
+using Q8DecQ4K = Q8DecKQuant<false>;
+
+// ---------------------------------------------------------------- Q6_K (GGUF layout)
+
+// Element 16g + 4q + i of a block (lane quad q, group g = 8h + 2qq + gg):
+// low 4 bits in ql[64h + 32(qq&1) + 16gg + 4q + i] (nibble qq>>1), high 2 bits
+// in qh[32h + 16gg + 4q + i] (bits 2qq, 2qq+1), scale scales[g] (int8).
+struct Q8DecQ6K {
+  static constexpr int kUnit = 256, kMetaCols = 256, kRec = 48, kLaneBytes = 4, kBlockBytes = 210;
+  static constexpr bool kMins = false;
+  struct Rows {
+    const uint8_t* b[2];
+    int q4;  // 4q
+    __device__ Rows(const Q8Args& a, int64_t row_a, int64_t row_b, int q) : q4(4 * q) {
+      b[0] = q8_row_ptr(a, row_a);
+      b[1] = q8_row_ptr(a, row_b);
+    }
+    __device__ __forceinline__ void advance(int units) {
+      b[0] += units * kBlockBytes;
+      b[1] += units * kBlockBytes;
+    }
+  };
+  struct Raw {
+    uint32_t ql[2][8];  // [h*4 + a*2 + gg]
+    uint32_t qh[2][4];  // [h*2 + gg]
+    uint32_t sc[2][4];  // scales[4k .. 4k+3]
+    uint32_t d[2];
+  };
+  template <int kAhead>
+  static __device__ __forceinline__ void load(Raw& r, const Rows& p) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* b = p.b[i] + kAhead * kBlockBytes;
+      const uint8_t* lq = b + p.q4;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) r.ql[i][w] = ld_weight_u32_a2(lq + 64 * (w >> 2) + 32 * ((w >> 1) & 1) + 16 * (w & 1));
+#pragma unroll
+      for (int w = 0; w < 4; ++w) r.qh[i][w] = ld_weight_u32_a2(lq + 128 + 32 * (w >> 1) + 16 * (w & 1));
+#pragma unroll
+      for (int k = 0; k < 4; ++k) r.sc[i][k] = ld_weight_u32_a2(b + 192 + 4 * k);
+      r.d[i] = ld_weight_u16(b + 208);
+    }
+  }
+  template <int NT>
+  static __device__ __forceinline__ void compute(const Raw& r, const Q8Smem& sm, int /*blocks_left*/,
+                                                 float (&acc_q)[NT][4], float (&)[NT][4]) {
+    int isum[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) isum[nt][i] = 0;
+#pragma unroll
+    for (int g = 0; g < 16; ++g) {
+      const int h = g >> 3, qq = (g >> 1) & 3, gg = g & 1;
+      uint32_t a[2];
+      int sc[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t w = r.ql[i][h * 4 + (qq & 1) * 2 + gg];
+        const uint32_t nib = (qq < 2 ? w : w >> 4) & 0x0f0f0f0fu;
+        const uint32_t hb = ((r.qh[i][h * 2 + gg] >> (2 * qq)) & 0x03030303u) << 4;
+        a[i] = nib | hb;
+        sc[i] = byte_s(r.sc[i][g >> 2], g & 3);
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t b = *reinterpret_cast<const uint32_t*>(sm.x + nt * sm.tile_stride + 16 * g);
+        int C[4];
+        mma_u8s8_k16(C, a[0], a[1], b);
+        isum[nt][0] += sc[0] * C[0];
+        isum[nt][1] += sc[0] * C[1];
+        isum[nt][2] += sc[1] * C[2];
+        isum[nt][3] += sc[1] * C[3];
+      }
+    }
+    // the weights are q in 0..63; the CPU's quant is q - 32: isum -= 32 * sum_g sc_g * sum16_g
+    float d[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) d[i] = half_bits_to_float(r.d[i]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint8_t* rec = sm.rec + (nt * 8 + j) * sm.tok_stride;
+        const uint4 lo = *reinterpret_cast<const uint4*>(rec);
+        const uint4 hi = *reinterpret_cast<const uint4*>(rec + 16);
+        const float dx = *reinterpret_cast<const float*>(rec + 32);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          int l = dp4a_su(r.sc[i][0], lo.x, 0);
+          l = dp4a_su(r.sc[i][1], lo.y, l);
+          l = dp4a_su(r.sc[i][2], lo.z, l);
+          l = dp4a_su(r.sc[i][3], lo.w, l);
+          int hh = dp4a_ss(r.sc[i][0], hi.x, 0);
+          hh = dp4a_ss(r.sc[i][1], hi.y, hh);
+          hh = dp4a_ss(r.sc[i][2], hi.z, hh);
+          hh = dp4a_ss(r.sc[i][3], hi.w, hh);
+          const int corr = hh * 256 + l;
+          const int p = 2 * i + j;
+          acc_q[nt][p] = fmaf(dx * d[i], (float)(isum[nt][p] - 32 * corr), acc_q[nt][p]);
+        }
+      }
+  }
+};
+
+// ---------------------------------------------------------------- Q8_0 (GGUF layout)
+
+// A unit is 4 blocks of 32; lane quad q holds positions 8q..8q+7 of each.
+struct Q8DecQ80 {
+  static constexpr int kUnit = 128, kMetaCols = 32, kRec = 4, kLaneBytes = 8, kBlockBytes = 34;
+  static constexpr bool kMins = false;
+  struct Rows {
+    const uint8_t* b[2];
+    int q8;
+    __device__ Rows(const Q8Args& a, int64_t row_a, int64_t row_b, int q) : q8(8 * q) {
+      b[0] = q8_row_ptr(a, row_a);
+      b[1] = q8_row_ptr(a, row_b);
+    }
+    __device__ __forceinline__ void advance(int units) {
+      b[0] += units * 4 * kBlockBytes;
+      b[1] += units * 4 * kBlockBytes;
+    }
+  };
+  struct Raw {
+    uint32_t lo[2][4], hi[2][4], d[2][4];
+  };
+  // units past the row's end read the next row or the padding after the weight (never used)
+  template <int kAhead>
+  static __device__ __forceinline__ void load(Raw& r, const Rows& p) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const uint8_t* b = p.b[i] + (kAhead * 4 + s) * kBlockBytes;
+        r.d[i][s] = ld_weight_u16(b);
+        r.lo[i][s] = ld_weight_u32_a2(b + 2 + p.q8);
+        r.hi[i][s] = ld_weight_u32_a2(b + 6 + p.q8);
+      }
+  }
+  template <int NT>
+  static __device__ __forceinline__ void compute(const Raw& r, const Q8Smem& sm, int blocks_left,
+                                                 float (&acc_q)[NT][4], float (&)[NT][4]) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      if (s >= blocks_left) break;  // the row's last unit may hold fewer than 4 blocks (uniform)
+      const uint32_t a[4] = {r.lo[0][s], r.lo[1][s], r.hi[0][s], r.hi[1][s]};
+      const float dw[2] = {half_bits_to_float(r.d[0][s]), half_bits_to_float(r.d[1][s])};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint2 b = *reinterpret_cast<const uint2*>(sm.x + nt * sm.tile_stride + 32 * s);
+        int C[4];
+        mma_s8s8_k32(C, a, b.x, b.y);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float dx = *reinterpret_cast<const float*>(sm.rec + (nt * 8 + j) * sm.tok_stride + 4 * s);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int p = 2 * i + j;
+            acc_q[nt][p] = fmaf((float)C[p], dw[i] * dx, acc_q[nt][p]);
+          }
+        }
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------- the kernel
+
+template <int NT>
+struct Q8MinCtasPerSm {
+  static constexpr int value = NT <= 2 ? 2 : 1;
+};
+
+// Copies columns [col0, col0 + chunk_cols) of the TT tokens' quants and the
+// records of their blocks into shared memory (zeros for tokens >= t and
+// columns past the quantized width).
+template <class Dec>
+__device__ __forceinline__ void stage_q8(int8_t* xs, uint8_t* ms, const Q8Args& a, int64_t col0, int chunk_cols,
+                                         int pitch, int TT) {
+  const int vecs = chunk_cols / 16;
+  for (int i = threadIdx.x; i < TT * vecs; i += blockDim.x) {
+    const int k = i / vecs, v = i - k * vecs;
+    const int64_t col = col0 + 16 * v;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (k < a.t && col < a.xq_pitch) val = *reinterpret_cast<const uint4*>(a.xq + k * a.xq_pitch + col);
+    *reinterpret_cast<uint4*>(xs + k * pitch + 16 * v) = val;
+  }
+  constexpr int kWords = Dec::kRec / 4;
+  const int mblocks = chunk_cols / Dec::kMetaCols;
+  const int64_t mb0 = col0 / Dec::kMetaCols;
+  const uint32_t* meta = reinterpret_cast<const uint32_t*>(a.meta);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(ms);
+  for (int i = threadIdx.x; i < TT * mblocks * kWords; i += blockDim.x) {
+    const int k = i / (mblocks * kWords), rest = i - k * mblocks * kWords;
+    const int mb = rest / kWords, w = rest - mb * kWords;
+    uint32_t val = 0;
+    if (k < a.t && mb0 + mb < a.meta_per_token) val = meta[(k * a.meta_per_token + mb0 + mb) * kWords + w];
+    dst[i] = val;
+  }
+}
+
+template <class Dec, int NT>
+__global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
+    matvec_q8_kernel(Q8Args a, int chunk_cols) {
+  constexpr int TT = 8 * NT;
+  extern __shared__ uint4 smem_q8[];
+  const int pitch = chunk_cols + kQ8XPad;
+  int8_t* xs = reinterpret_cast<int8_t*>(smem_q8);            // [TT][pitch]
+  uint8_t* ms = reinterpret_cast<uint8_t*>(xs + TT * pitch);  // [TT][mblocks] records
+  const int mblocks = chunk_cols / Dec::kMetaCols;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = lane >> 2, q = lane & 3;
+
+  const int units = (int)((a.cols + Dec::kUnit - 1) / Dec::kUnit);
+  const int blocks = (int)(a.cols / Dec::kMetaCols);  // Q8_0: blocks of 32 in a row
+  const int units_per_chunk = chunk_cols / Dec::kUnit;
+  const bool one_chunk = units_per_chunk >= units;
+  const int64_t groups = (a.rows + kMatvecWarps * kQ8RowsPerWarp - 1) / (kMatvecWarps * kQ8RowsPerWarp);
+
+  // lane offsets into the staged tile: token G's quants at the lane's positions; token 2q's records
+  const int x_lane = G * pitch + Dec::kLaneBytes * q;
+  const int rec_lane = 2 * q * mblocks * Dec::kRec;
+
+  if (one_chunk) {
+    stage_q8<Dec>(xs, ms, a, 0, chunk_cols, pitch, TT);
+    __syncthreads();
+  }
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t row0 = (g * kMatvecWarps + warp) * kQ8RowsPerWarp;
+    float acc_q[NT][4], acc_m[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc_q[nt][i] = acc_m[nt][i] = 0.0f;
+
+    typename Dec::Rows ptr(a, row0 + G, row0 + G + 8, q);
+    typename Dec::Raw even, odd;
+    Dec::template load<0>(even, ptr);
+    int uc = 0;  // unit within the chunk
+    for (int u = 0; u < units; ++u) {
+      if (!one_chunk && uc == 0) {
+        __syncthreads();  // every warp is done with the previous chunk
+        stage_q8<Dec>(xs, ms, a, (int64_t)u * Dec::kUnit, chunk_cols, pitch, TT);
+        __syncthreads();
+      }
+      const int mb = uc * (Dec::kUnit / Dec::kMetaCols);  // first record of the unit in the chunk
+      const Q8Smem sm{xs + x_lane + uc * Dec::kUnit, 8 * pitch, ms + rec_lane + mb * Dec::kRec,
+                      mblocks * Dec::kRec};
+      const int blocks_left = blocks - u * (Dec::kUnit / Dec::kMetaCols);
+      if ((u & 1) == 0) {
+        Dec::template load<1>(odd, ptr);
+        Dec::template compute<NT>(even, sm, blocks_left, acc_q, acc_m);
+      } else {
+        ptr.advance(2);
+        Dec::template load<0>(even, ptr);
+        Dec::template compute<NT>(odd, sm, blocks_left, acc_q, acc_m);
+      }
+      if (++uc == units_per_chunk) uc = 0;
+    }
+
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int k = nt * 8 + 2 * q + (i & 1);
+        const int64_t row = row0 + G + 8 * (i >> 1);
+        if (k < a.t && row < a.rows)
+          a.y[k * a.ldy + row] = Dec::kMins ? acc_q[nt][i] - acc_m[nt][i] : acc_q[nt][i];
+      }
+  }
+}
+
+// Launch plan (host side, matvec_q8.cu): columns staged per chunk and shared memory.
+struct Q8Plan {
+  int chunk_cols = 0;
+  size_t smem_bytes = 0;
+};
+Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_bytes);
+void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& p, cudaStream_t stream);
+
+void matvec_q8_q5_k(const Q8Args& a, cudaStream_t stream);
+void matvec_q8_q4_k(const Q8Args& a, cudaStream_t stream);
+void matvec_q8_q6_k(const Q8Args& a, cudaStream_t stream);
+void matvec_q8_q8_0(const Q8Args& a, cudaStream_t stream);
+
+template <class Dec>
+void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
+  auto go = [&](auto tiles) {
+    constexpr int NT = decltype(tiles)::value;
+    const Q8Plan p = plan_matvec_q8(a, 8 * NT, Dec::kMetaCols, Dec::kRec);
+    launch_matvec_q8_kernel(reinterpret_cast<const void*>(&matvec_q8_kernel<Dec, NT>), a, p, stream);
+  };
+  if (a.t <= 8) go(std::integral_constant<int, 1>{});
+  else if (a.t <= 16) go(std::integral_constant<int, 2>{});
+  else if (a.t <= 32) go(std::integral_constant<int, 4>{});
+  else go(std::integral_constant<int, 8>{});
+}
+
+}  // namespace muser::cuda
