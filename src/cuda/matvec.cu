@@ -17,8 +17,7 @@ namespace muser::cuda {
 
 namespace {
 
-constexpr int kTokenTile = 64;               // the largest tile: t <= 64 reads the weight once
-constexpr size_t kXBudgetBytes = 48 * 1024;  // staged x per CTA before columns are chunked
+constexpr int kTokenTile = 64;  // the largest tile: t <= 64 reads the weight once
 
 int sm_count_of_current_device() {
   int dev = 0, sms = 0;
@@ -111,39 +110,38 @@ __device__ void repack_q4_k_device(uint8_t* b) { repack_block_q4_k(b); }
 
 // ---- launch helpers shared by the per-type files ----
 
-MatvecPlan plan_matvec(const MatvecArgs& a, int unit, int tile_tokens, int rows_per_warp) {
-  (void)tile_tokens;
+MatvecPlan plan_matvec(const MatvecArgs& a, int unit, int rows_per_warp, int warps, size_t x_budget) {
   // columns per chunk: all of K when t tokens fit the budget, else as many
   // 256-column slices as fit (at least one). Multiples of 256 keep each lane
   // row's length = 4 (mod 8) floats, so 16-byte reads stay conflict-free.
   const int64_t kpad = (a.cols + 255) / 256 * 256;
   const int64_t per_col = 4 * (int64_t)a.t;  // bytes of staged x per column (padding aside)
-  int64_t cols = (int64_t)(kXBudgetBytes / per_col) / 256 * 256;
+  int64_t cols = (int64_t)(x_budget / per_col) / 256 * 256;
   cols = std::max<int64_t>(256, std::min(cols, kpad));
-  while (cols > 256 && (size_t)a.t * 32 * (cols / 32 + kLanePad) * 4 > kXBudgetBytes) cols -= 256;
+  while (cols > 256 && (size_t)a.t * 32 * (cols / 32 + kLanePad) * 4 > x_budget) cols -= 256;
   (void)unit;
   MatvecPlan p;
   p.chunk_cols = (int)cols;
   p.smem_bytes = (size_t)a.t * 32 * (cols / 32 + kLanePad) * sizeof(float) +
-                 (size_t)kMatvecWarps * 2 * 32 * ((rows_per_warp + 1) / 2) * sizeof(float);  // factor buffers
+                 (size_t)warps * 2 * 32 * ((rows_per_warp + 1) / 2) * sizeof(float);  // factor buffers
   return p;
 }
 
-void launch_matvec_kernel(const void* kernel, const MatvecArgs& a, const MatvecPlan& p, int rows_per_warp,
+void launch_matvec_kernel(const void* kernel, const MatvecArgs& a, const MatvecPlan& p, int rows_per_warp, int warps,
                           cudaStream_t stream) {
   if (p.smem_bytes > 48 * 1024)
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem_bytes),
           "cudaFuncSetAttribute(matvec shared memory)");
   int per_sm = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kMatvecThreads, p.smem_bytes),
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * warps, p.smem_bytes),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor(matvec)");
   if (per_sm < 1) throw DeviceError("matvec: no CTA fits on this GPU with " + std::to_string(p.smem_bytes) + " bytes of shared memory");
-  const int64_t groups = (a.rows + kMatvecWarps * rows_per_warp - 1) / (kMatvecWarps * rows_per_warp);
+  const int64_t groups = (a.rows + (int64_t)warps * rows_per_warp - 1) / ((int64_t)warps * rows_per_warp);
   const int64_t grid = std::min<int64_t>(groups, (int64_t)per_sm * sm_count_of_current_device());
   MatvecArgs args = a;
   int chunk = p.chunk_cols;
   void* params[] = {&args, &chunk};
-  check(cudaLaunchKernel(kernel, dim3((unsigned)grid), dim3(kMatvecThreads), params, p.smem_bytes, stream),
+  check(cudaLaunchKernel(kernel, dim3((unsigned)grid), dim3(32 * warps), params, p.smem_bytes, stream),
         "launch matvec_canon");
 }
 

@@ -7,7 +7,7 @@
 // which is canon_tree32 (lane l adds lane l+off). Nothing else touches the
 // sums, so the grid, the batch size t and the rows per warp never change a bit.
 //
-// Thread mapping. 8 warps per CTA; a warp carries R consecutive rows and all
+// Thread mapping. 8 or 16 warps per CTA (MatvecCta); a warp carries R consecutive rows and all
 // t tokens of them (acc[R][TT] in registers, TT >= t a compile-time tile), so
 // each weight byte is read once per call for t <= 64. The grid is persistent:
 // about as many CTAs as fit at once, striding over groups of 8*R rows. A
@@ -18,7 +18,8 @@
 // Activations live in shared memory transposed per lane, xs[k][lane][step]
 // (step = j / 32), each lane row padded by 4 floats so the 16-byte reads of 8
 // consecutive lanes hit distinct banks; one pair of float4 reads serves R rows.
-// When t*H floats do not fit, columns are staged in chunks with a CTA barrier.
+// When t*H floats do not fit, columns are staged in chunks with a CTA barrier
+// (once per row group: costly, so MatvecCta sizes the budget to avoid it up to t = 8).
 //
 // Decode. A K-quant weight is d1*q - m1 with one (d1, m1) per 32-element
 // sub-block. In the canonical order every lane touches all 8 sub-blocks of a
@@ -452,14 +453,20 @@ template <int TT>
 struct RowsPerWarp {
   static constexpr int value = TT <= 2 ? 2 : TT <= 8 ? 4 : TT <= 16 ? 2 : 1;
 };
-// CTAs per SM the register allocation must allow: 24 warps per SM keep
-// enough bytes in flight at t = 1; a tighter cap (64 registers) made the
-// compiler recompute lane constants in the loop, costing more than it gained.
-// At t = 8, 4 rows per warp (each x read feeds 4 rows) beat 2 rows with more
-// warps on the H200 (2.55 ms against 3.3 ms).
+// The CTA per token tile. min_ctas: CTAs per SM the register allocation
+// must allow (24 warps per SM keep enough bytes in flight at t = 1; a
+// tighter cap made the compiler recompute lane constants in the loop).
+// x_budget: staged x per CTA before columns are chunked. A chunked x is
+// restaged for every row group (all of x per 8 warps' rows: at t = 8 that
+// moved more bytes through shared memory than the weight through DRAM and
+// cost 12 x the read limit), so the budget holds the seed's x whole up to
+// t = 8: 2 tokens with 3 CTAs per SM, 4 with 2, 8 with one CTA of 16 warps
+// (6,656 columns: 54, 109 and 217 KB of the 228 KB an SM has).
 template <int TT>
-struct MinCtasPerSm {
-  static constexpr int value = TT <= 2 ? 3 : TT <= 8 ? 2 : 1;
+struct MatvecCta {
+  static constexpr int warps = TT >= 8 ? 16 : 8;
+  static constexpr int min_ctas = TT <= 2 ? 3 : TT <= 4 ? 2 : 1;
+  static constexpr size_t x_budget = TT <= 1 ? 48 * 1024 : TT <= 2 ? 64 * 1024 : TT <= 4 ? 110 * 1024 : 216 * 1024;
 };
 
 // Copies columns [col0, col0 + chunk_cols) of the t tokens' x into xs,
@@ -505,9 +512,10 @@ __device__ __forceinline__ void compute_unit(const typename Dec::template Raw<R>
 }
 
 template <class Dec, int TT>
-__global__ void __launch_bounds__(kMatvecThreads, MinCtasPerSm<TT>::value)
+__global__ void __launch_bounds__(32 * MatvecCta<TT>::warps, MatvecCta<TT>::min_ctas)
     matvec_canon_kernel(MatvecArgs a, int chunk_cols) {
   constexpr int R = RowsPerWarp<TT>::value;
+  constexpr int kWarps = MatvecCta<TT>::warps;
   using Raw = typename Dec::template Raw<R>;
   using Lane = typename Dec::template Lane<R>;
   extern __shared__ float4 smem_f4[];
@@ -522,14 +530,14 @@ __global__ void __launch_bounds__(kMatvecThreads, MinCtasPerSm<TT>::value)
   const int units = (int)((a.cols + Dec::kUnit - 1) / Dec::kUnit);
   const int units_per_chunk = chunk_cols / Dec::kUnit;
   const bool one_chunk = units_per_chunk >= units;
-  const int64_t groups = (a.rows + kMatvecWarps * R - 1) / (kMatvecWarps * R);
+  const int64_t groups = (a.rows + kWarps * R - 1) / (kWarps * R);
 
   if (one_chunk) {
     stage_x(xs, a, 0, chunk_cols, lane_stride);
     __syncthreads();
   }
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
-    const int64_t row0 = (g * kMatvecWarps + warp) * R;
+    const int64_t row0 = (g * kWarps + warp) * R;
     float acc[R][TT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -584,8 +592,8 @@ struct MatvecPlan {
   int chunk_cols = 0;
   size_t smem_bytes = 0;
 };
-MatvecPlan plan_matvec(const MatvecArgs& a, int unit, int tile_tokens, int rows_per_warp);
-void launch_matvec_kernel(const void* kernel, const MatvecArgs& a, const MatvecPlan& p, int rows_per_warp,
+MatvecPlan plan_matvec(const MatvecArgs& a, int unit, int rows_per_warp, int warps, size_t x_budget);
+void launch_matvec_kernel(const void* kernel, const MatvecArgs& a, const MatvecPlan& p, int rows_per_warp, int warps,
                           cudaStream_t stream);
 
 // Per-type entry points (matvec_<type>.cu): run one token tile, t <= 64.
@@ -600,9 +608,10 @@ template <class Dec>
 void launch_matvec_tiles(const MatvecArgs& a, cudaStream_t stream) {
   auto go = [&](auto tile) {
     constexpr int TT = decltype(tile)::value;
-    const MatvecPlan p = plan_matvec(a, Dec::kUnit, TT, RowsPerWarp<TT>::value);
+    using Cta = MatvecCta<TT>;
+    const MatvecPlan p = plan_matvec(a, Dec::kUnit, RowsPerWarp<TT>::value, Cta::warps, Cta::x_budget);
     launch_matvec_kernel(reinterpret_cast<const void*>(&matvec_canon_kernel<Dec, TT>), a, p, RowsPerWarp<TT>::value,
-                         stream);
+                         Cta::warps, stream);
   };
   if (a.t <= 1) go(std::integral_constant<int, 1>{});
   else if (a.t <= 2) go(std::integral_constant<int, 2>{});
