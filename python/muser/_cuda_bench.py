@@ -2,7 +2,9 @@
 PyTorch's bf16 ``F.linear``, all measured in one run on one GPU.
 
 The limit is a read-only kernel streaming a buffer the size of the LM-head
-weight (muser's own, ``_core.cuda_read_bandwidth``). Each route is timed two
+weight (muser's own, ``_core.cuda_read_bandwidth``). Each route (with f32
+activations, and with ``acts="q8"``: int8 activations and integer dot
+products on the tensor cores, the quantization booked under lm_head) is timed two
 ways: *device* time, the sum of its nodes' CUDA-event times (what the
 kernels cost; ``lm_head`` is the matvec alone), and *call* time, the wall
 clock of ``head(hidden_on_gpu, on_device=True)`` including Python, launches
@@ -112,6 +114,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--vocab", type=int, default=SEED_SHAPE["vocab"])
     p.add_argument("--weight-type", default=SEED_SHAPE["weight_type"])
     p.add_argument("--routes", default="graph,fused,canonical")
+    p.add_argument("--acts", default="f32,q8", help="activation modes: f32, q8 or both")
     p.add_argument("--tokens", default="1,8")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--warmup", type=int, default=5)
@@ -142,7 +145,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     desc = _core.cuda_device_description(ordinal)
     results: dict = {"device": desc, "shape": [args.vocab, args.hidden], "weight_type": args.weight_type,
                      "warmup": args.warmup, "reps": args.reps, "routes": []}
-    heads = {r: muser.Head.load(path, device=args.device, route=r) for r in args.routes.split(",")}
+    heads = {(r, a): muser.Head.load(path, device=args.device, route=r, acts=a)
+             for a in args.acts.split(",") for r in args.routes.split(",")}
     wbytes = next(iter(heads.values())).weight_bytes
     results["weight_bytes"] = wbytes
     limit = _median(_core.cuda_read_bandwidth(wbytes, args.reps, ordinal))
@@ -154,9 +158,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for t in (int(v) for v in args.tokens.split(",")):
         x = rng.standard_normal((t, args.hidden), dtype=np.float32)
         xd = torch.from_numpy(x).to(f"cuda:{ordinal}")
-        for route, head in heads.items():
+        for (route, acts), head in heads.items():
             r = time_route(head, x, xd, args.warmup, args.reps)
-            r.update(route=route, t=t)
+            r.update(route=route, acts=acts, t=t)
             results["routes"].append(r)
     # the limit again after the routes: the clock and the memory are warm by now
     limit2 = _median(_core.cuda_read_bandwidth(wbytes, args.reps, ordinal))
@@ -171,9 +175,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"LM head {args.weight_type} [{args.vocab:,} x {args.hidden:,}] = {wbytes:,} bytes; "
           f"medians of {args.reps} after {args.warmup} warm-ups")
     print(f"read limit: {us(limit)} us ({wbytes / limit / 1e9:,.0f} GB/s); after the routes: {us(limit2)} us")
-    print(f"{'route':<10} {'t':>3} {'lm_head us':>11} {'x limit':>8} {'route us':>10} {'x limit':>8} {'call us':>10}")
+    print(f"{'route':<10} {'acts':<4} {'t':>3} {'lm_head us':>11} {'x limit':>8} {'route us':>10} {'x limit':>8} "
+          f"{'call us':>10}")
     for r in results["routes"]:
-        print(f"{r['route']:<10} {r['t']:>3} {us(r['lm_head_s']):>11} {r['lm_head_s'] / limit:>8.3f} "
+        print(f"{r['route']:<10} {r['acts']:<4} {r['t']:>3} {us(r['lm_head_s']):>11} {r['lm_head_s'] / limit:>8.3f} "
               f"{us(r['device_s']):>10} {r['device_s'] / limit:>8.3f} {us(r['call_s']):>10}")
     for t, s in (results.get("torch_bf16_linear_s") or {}).items():
         if s is not None:
