@@ -100,14 +100,17 @@ struct alignas(64) BlockScratch {
   uint16_t dmin[kTileRows];             // Q4_K/Q5_K f16 min scales
 };
 
-// Software prefetch of a row's block `ahead` blocks on (past the row's end:
-// the same place in the next tile's row). The integer pass walks the tile
-// block by block, each block across its 16 rows: 16 sequential streams.
-// About 1.5 KiB ahead measured best on the development machine (hardware
-// prefetch alone left a fifth of the read bandwidth unused).
+// Software prefetch of a row's block some blocks on (past the row's end: the
+// same place in the next tile's row). The integer pass walks the tile block
+// by block, each block across its 16 rows: 16 sequential streams. About
+// 1.5 KiB ahead per stream measured best for one token (hardware prefetch
+// alone left a fifth of the read bandwidth unused); each token makes a block
+// step longer, so the distance shrinks with the tokens (measured better at
+// t = 8, within this machine's noise).
 constexpr int64_t kPrefetchBytes = 1536;
-inline void prefetch_ahead(const uint8_t* row, int64_t row_bytes, int64_t b, int64_t nb, int64_t block_bytes) {
-  int64_t later = b + std::max<int64_t>(1, kPrefetchBytes / block_bytes);
+inline void prefetch_ahead(const uint8_t* row, int64_t row_bytes, int64_t b, int64_t nb, int64_t block_bytes,
+                           int nt) {
+  int64_t later = b + std::max<int64_t>(1, kPrefetchBytes / nt / block_bytes);
   const uint8_t* p = row;
   if (later >= nb) later -= nb, p += kTileRows * row_bytes;
   p += later * block_bytes;
@@ -145,7 +148,7 @@ void tile_kquant45(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int 
     const int8_t* xq = a.qs_nibble_order.data() + (size_t)k0 * a.cols + b * kQK_K;
     for (int i = 0; i < nr; ++i) {
       const uint8_t* row = w.data + (r + i) * w.row_bytes;
-      prefetch_ahead(row, w.row_bytes, b, nb, kBlockBytes);
+      prefetch_ahead(row, w.row_bytes, b, nb, kBlockBytes, nt);
       const uint8_t* blk = row + b * kBlockBytes;
       __m512i z[4];
       alignas(16) uint8_t sm[16];
@@ -208,7 +211,7 @@ void tile_q6k(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int k0, i
     const int16_t* xs16 = a.sum16.data() + (size_t)k0 * (a.cols / 16) + b * 16;
     for (int i = 0; i < nr; ++i) {
       const uint8_t* row = w.data + (r + i) * w.row_bytes;
-      prefetch_ahead(row, w.row_bytes, b, nb, kBlockBytes);
+      prefetch_ahead(row, w.row_bytes, b, nb, kBlockBytes, nt);
       const BlockQ6_K& q = *reinterpret_cast<const BlockQ6_K*>(row + b * kBlockBytes);
       __m512i z[4];
       q6k_unpack(q, z, false);
@@ -258,7 +261,7 @@ void tile_q80(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int k0, i
     const uint8_t* xu = a.qs_biased.data() + (size_t)k0 * a.cols + b * kQK8_0;
     for (int i = 0; i < nr; ++i) {
       const uint8_t* row = w.data + (r + i) * w.row_bytes;
-      prefetch_ahead(row, w.row_bytes, p, npairs, kPairBytes);
+      prefetch_ahead(row, w.row_bytes, p, npairs, kPairBytes, nt);
       const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
       const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[0].qs));
       const __m512i wq = two ? _mm512_inserti64x4(_mm512_castsi256_si512(lo),
