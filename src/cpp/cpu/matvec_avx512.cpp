@@ -11,16 +11,18 @@
 // is not a multiple of 32 ends with masked loads and masked fmas, so lanes
 // past the end keep their value exactly (no +0 added to a -0).
 //
-// Algorithm. One row at a time, up to 8 tokens per pass. A 256-element block
-// is decoded once and every token multiplies it, so a batch reads the weight
+// Algorithm. Up to 8 tokens per pass; two rows side by side for one token
+// (their fma chains interleave), one row otherwise. A 256-element block is
+// decoded once and every token multiplies it, so a batch reads the weight
 // once and t tokens cost t fmas per weight, not t decodes. K-quants are
 // unpacked 64 quants per zmm in the byte domain (unpack_avx512.h); each
 // group of 16 is then spread to dword lanes by one masked byte permute,
 // converted and scaled with one fma (d1*q - m1, the dequant.h value) and
 // multiplied in: 4 vector instructions per 16 weights at one token. The
-// next blocks are prefetched. When the tokens' activations outgrow L1 the
-// columns are walked in chunks and the accumulators parked in a small buffer
-// between chunks - an exact copy, so the order is unchanged.
+// next blocks are prefetched. When the tokens' activations outgrow L1, rows
+// go in groups of 32 and the columns in chunks, every row of the group
+// taking a chunk before the next one, the accumulators parked between
+// chunks - an exact copy, so the order is unchanged.
 //
 // Fuses: decode + dot product. Epilogues are separate nodes. Only
 // intrinsics and this file's helpers run here: shared inline code compiled
