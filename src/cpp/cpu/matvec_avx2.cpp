@@ -15,7 +15,8 @@
 // needs four). A 256-element block is decoded once per tile into the byte
 // domain (K-quants: nibbles, high bits, 32 at a time), then widened,
 // converted and scaled 8 at a time; every token of the tile multiplies it.
-// Columns are walked in chunks when the tokens' activations outgrow L1.
+// When the tokens' activations outgrow L1, rows go in groups of 32 that
+// share each column chunk of x.
 //
 // Fuses: decode + dot product. Only intrinsics and this file's own helpers
 // are used: shared inline functions compiled here with AVX2 flags could be
@@ -215,27 +216,33 @@ void tile(const WeightView& w, int64_t block_bytes, const float* x, int64_t ldx,
   }
 }
 
+// Rows [r0, r1) for T tokens. When the tokens' activations fit in L1 each row
+// is done in one pass; otherwise rows go in groups of kGroupRows and every
+// row of a group takes a column chunk before the next chunk, so the chunk of
+// x is read from L1 by the whole group; accumulators wait in a parking buffer.
 template <class D, int T>
 void rows_for_tokens(const WeightView& w, int64_t block_bytes, const float* x, int64_t ldx, int64_t r0, int64_t r1,
                      float* y, int64_t ldy) {
   constexpr int R = T == 1 ? 2 : 1;
-  constexpr int64_t kL1Floats = 8192;
+  constexpr int64_t kL1Floats = 6144;  // 24 KiB of activations per column chunk
+  constexpr int kGroupRows = 32;
   const int64_t K = w.cols;
-  int64_t chunk = kL1Floats / T / kQK_K * kQK_K;
+  int64_t chunk = T * K <= 2 * kL1Floats ? K : kL1Floats / T / kQK_K * kQK_K;
   if (chunk < kQK_K) chunk = kQK_K;
-  Acc4 acc[R * T];
-  int64_t r = r0;
-  auto run = [&](auto rows_const) {
-    constexpr int RR = decltype(rows_const)::value;
-    for (int j = 0; j < RR * T; ++j)
-      for (int q = 0; q < 4; ++q) acc[j].a[q] = _mm256_setzero_ps();
-    for (int64_t c0 = 0; c0 < K; c0 += chunk)
-      tile<D, RR, T>(w, block_bytes, x, ldx, r, c0, c0 + chunk < K ? c0 + chunk : K, acc);
-    for (int i = 0; i < RR; ++i)
-      for (int k = 0; k < T; ++k) y[k * ldy + r + i] = fold_canonical(acc[i * T + k].a);
-  };
-  for (; r + R <= r1; r += R) run(std::integral_constant<int, R>{});
-  for (; r < r1; ++r) run(std::integral_constant<int, 1>{});
+  Acc4 park[kGroupRows * T];
+  for (int64_t g = r0; g < r1; g += kGroupRows) {
+    const int64_t g1 = g + kGroupRows < r1 ? g + kGroupRows : r1;
+    for (int64_t j = 0; j < (g1 - g) * T; ++j)
+      for (int q = 0; q < 4; ++q) park[j].a[q] = _mm256_setzero_ps();
+    for (int64_t c0 = 0; c0 < K; c0 += chunk) {
+      const int64_t c1 = c0 + chunk < K ? c0 + chunk : K;
+      int64_t r = g;
+      for (; r + R <= g1; r += R) tile<D, R, T>(w, block_bytes, x, ldx, r, c0, c1, park + (r - g) * T);
+      for (; r < g1; ++r) tile<D, 1, T>(w, block_bytes, x, ldx, r, c0, c1, park + (r - g) * T);
+    }
+    for (int64_t r = g; r < g1; ++r)
+      for (int k = 0; k < T; ++k) y[k * ldy + r] = fold_canonical(park[(r - g) * T + k].a);
+  }
 }
 
 template <class D>
