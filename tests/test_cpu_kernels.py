@@ -218,8 +218,10 @@ def test_profile_books_the_matvec_under_lm_head_and_never_under_the_soft_cap(hea
     x = rng.standard_normal((2, 2048)).astype(np.float32)
     for route in ("reference", "graph", "fused", "canonical"):
         head = muser.Head.load(path, route=route, threads=1)
-        prof = head.profile(x)
-        secs = {p.label: p.seconds for p in prof}
+        # each label's best of three: a preemption (other processes share the
+        # machine) can stretch any one node of any one run
+        runs = [head.profile(x) for _ in range(3)]
+        secs = {p.label: min(r[i].seconds for r in runs) for i, p in enumerate(runs[0])}
         head_time = secs["lm_head"]
         caps = [s for label, s in secs.items() if label.startswith("softcap") or label == "logit_scale"]
         assert caps, route
