@@ -133,13 +133,7 @@ struct DotQ80 : Q8DotNoMins {
 }  // namespace
 
 void matvec_q8_avx2(const WeightView& w, const ActsQ8& a, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  switch ((GgmlType)w.type) {
-    case GgmlType::Q5_K: return q8_rows<DotKQuant45<true>, Q8Kind::KQuant45>(w, a, r0, r1, y, ldy);
-    case GgmlType::Q4_K: return q8_rows<DotKQuant45<false>, Q8Kind::KQuant45>(w, a, r0, r1, y, ldy);
-    case GgmlType::Q6_K: return q8_rows<DotQ6K, Q8Kind::Q6K>(w, a, r0, r1, y, ldy);
-    case GgmlType::Q8_0: return q8_rows<DotQ80, Q8Kind::Q80>(w, a, r0, r1, y, ldy);
-    default: return matvec_q8_scalar(w, a, r0, r1, y, ldy);
-  }
+  q8_rows_by_type<DotKQuant45, DotQ6K, DotQ80>(w, a, r0, r1, y, ldy);
 }
 
 }  // namespace muser::cpu

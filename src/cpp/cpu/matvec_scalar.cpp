@@ -12,6 +12,7 @@
 //   muser/dequant.h's quant readers.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/kernels.h"
 #include "cpu/q8_rows.h"
@@ -44,8 +45,13 @@ void decode_chunk(const WeightView& w, const uint8_t* row, int64_t k0, int n, fl
 
 // Exact integer sums of one weight block against one activation block, the
 // plainest way: element by element through muser/dequant.h's quant readers.
-template <class Block, int (*Quant)(const Block&, int)>
+template <bool kQ5>
 struct DotKQuant45 {
+  using Block = typename std::conditional<kQ5, BlockQ5_K, BlockQ4_K>::type;
+  static int quant(const Block& blk, int i) {
+    if constexpr (kQ5) return q5k_quant(blk, i);
+    else return q4k_quant(blk, i);
+  }
   const Block* b = nullptr;
   uint8_t sc[8], m[8];
   float d = 0, dmin = 0;
@@ -59,7 +65,7 @@ struct DotKQuant45 {
     int32_t s = 0;
     for (int j = 0; j < 8; ++j) {
       int32_t dot = 0;
-      for (int i = 32 * j; i < 32 * j + 32; ++i) dot += Quant(*b, i) * xq[i];
+      for (int i = 32 * j; i < 32 * j + 32; ++i) dot += quant(*b, i) * xq[i];
       s += sc[j] * dot;
     }
     return s;
@@ -130,13 +136,7 @@ void matvec_canon_scalar(const WeightView& w, const float* x, int64_t ldx, int t
 }
 
 void matvec_q8_scalar(const WeightView& w, const ActsQ8& a, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  switch ((GgmlType)w.type) {
-    case GgmlType::Q5_K: return q8_rows<DotKQuant45<BlockQ5_K, q5k_quant>, Q8Kind::KQuant45>(w, a, r0, r1, y, ldy);
-    case GgmlType::Q4_K: return q8_rows<DotKQuant45<BlockQ4_K, q4k_quant>, Q8Kind::KQuant45>(w, a, r0, r1, y, ldy);
-    case GgmlType::Q6_K: return q8_rows<DotQ6K, Q8Kind::Q6K>(w, a, r0, r1, y, ldy);
-    case GgmlType::Q8_0: return q8_rows<DotQ80, Q8Kind::Q80>(w, a, r0, r1, y, ldy);
-    default: return;  // quantize_acts_q8 rejects every other type
-  }
+  q8_rows_by_type<DotKQuant45, DotQ6K, DotQ80>(w, a, r0, r1, y, ldy);
 }
 
 }  // namespace muser::cpu

@@ -67,5 +67,18 @@ void q8_rows(const WeightView& w, const ActsQ8& a, int64_t r0, int64_t r1, float
   }
 }
 
+// The weight-type switch of a twin whose dot types are DotKQuant45<kQ5>
+// (Q5_K when true, Q4_K when false), DotQ6K and DotQ80.
+template <template <bool> class DotKQuant45, class DotQ6K, class DotQ80>
+void q8_rows_by_type(const WeightView& w, const ActsQ8& a, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  switch ((GgmlType)w.type) {
+    case GgmlType::Q5_K: return q8_rows<DotKQuant45<true>, Q8Kind::KQuant45>(w, a, r0, r1, y, ldy);
+    case GgmlType::Q4_K: return q8_rows<DotKQuant45<false>, Q8Kind::KQuant45>(w, a, r0, r1, y, ldy);
+    case GgmlType::Q6_K: return q8_rows<DotQ6K, Q8Kind::Q6K>(w, a, r0, r1, y, ldy);
+    case GgmlType::Q8_0: return q8_rows<DotQ80, Q8Kind::Q80>(w, a, r0, r1, y, ldy);
+    default: return;  // quantize_acts_q8 rejects every other type
+  }
+}
+
 }  // namespace
 }  // namespace muser::cpu
