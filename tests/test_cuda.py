@@ -319,9 +319,10 @@ def test_q8_close_to_the_f32_route(head_file, weight_type):
 
 @pytest.mark.parametrize("weight_type", ("F16", "BF16", "F32"))
 def test_q8_refuses_float_weights_clearly(head_file, weight_type):
-    # the CPU's error, word for word: float weights have no int8 activation mode in ggml
-    gpu = muser.Head.load(head_file(weight_type), device="cuda", acts="q8")
+    # as on the CPU (ggml has no int8 activation mode for float weights): refused at load, and
+    # the CUDA device refuses too should a head reach it
     with pytest.raises(ValueError, match=rf"acts='q8'.*{weight_type}.*acts='f32'"):
+        gpu = muser.Head.load(head_file(weight_type), device="cuda", acts="q8")
         gpu(hidden_states(SHAPES[weight_type], 1))
 
 

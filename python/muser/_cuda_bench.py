@@ -33,29 +33,12 @@ def write_random_head(path: str, hidden: int, vocab: int, weight_type: str, seed
     """A Muse Glimmer-style head with random well-formed blocks (fast: no quantization).
 
     Random quants and small f16 scales are fine for timing (never zeros, which
-    can run faster than real data); the metadata is write_head_gguf's.
+    can run faster than real data); the file is fixtures.write_head_gguf's.
     """
-    import gguf
+    from .fixtures import write_head_gguf
 
-    from .fixtures import MUSE_GLIMMER, random_blocks
-
-    rng = np.random.default_rng(seed)
-    arch = "muse-glimmer"
-    w = gguf.GGUFWriter(path, arch)
-    w.add_uint32(f"{arch}.embedding_length", hidden)
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", MUSE_GLIMMER["eps"])
-    w.add_float32(f"{arch}.logit_scale", MUSE_GLIMMER["logit_scale"])
-    w.add_float32(f"{arch}.final_logit_softcapping", MUSE_GLIMMER["softcap"])
-    w.add_uint32(f"{arch}.vocab_size", vocab)
-    w.add_tensor("output_norm.weight", (1.0 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
-    data = np.concatenate([random_blocks(weight_type, min(8192, vocab - r0), hidden, rng)
-                           for r0 in range(0, vocab, 8192)])
-    w.add_tensor("output.weight", data, raw_dtype=getattr(gguf.GGMLQuantizationType, weight_type))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file(progress=False)
-    w.close()
-    return path
+    return write_head_gguf(path, hidden=hidden, vocab=vocab, weight_type=weight_type, seed=seed,
+                           random_quants=True)
 
 
 def _median(xs: list[float]) -> float:

@@ -56,13 +56,15 @@ def write_head_gguf(
     extra_metadata: Optional[dict[str, Any]] = None,
     progress: Optional[Callable[[int, int], None]] = None,
     norm_type: str = "F32",
+    random_quants: bool = False,
 ) -> str:
     """Write a GGUF holding only a head: ``output_norm.weight`` and the LM head.
 
     The head weight is ``weight`` (float32 ``[vocab, hidden]``) quantized with
     muser's quantizer, or random Gaussian rows (std 0.02, a trained head's
-    scale) quantized in chunks when ``weight`` is None — for a type without a
-    quantizer, random well-formed blocks. ``progress(done_rows, total_rows)``
+    scale) quantized in chunks when ``weight`` is None — or, for a type without
+    a quantizer or with ``random_quants=True``, random well-formed blocks
+    (fast: benchmarks at the seed's shape skip 1.3 G floats of quantization). ``progress(done_rows, total_rows)``
     is called while the weight is produced. Metadata keys follow the
     architecture's conventions (docs/architectures.md); None omits a key.
     """
@@ -79,7 +81,8 @@ def write_head_gguf(
         r1 = min(vocab, r0 + chunk)
         if weight is not None:
             rows = np.ascontiguousarray(weight[r0:r1], dtype=np.float32)
-        elif weight_type in ("Q5_K", "Q8_0", "F32", "F16", "BF16") or _has_quantizer(weight_type):
+        elif weight_type in ("F32", "F16", "BF16") or (not random_quants and (
+                weight_type in ("Q5_K", "Q8_0") or _has_quantizer(weight_type))):
             rows = (rng.standard_normal((r1 - r0, hidden), dtype=np.float32) * np.float32(0.02))
         else:
             rows = None

@@ -18,16 +18,6 @@
 namespace muser {
 namespace {
 
-// ggml's nearest_int: round to nearest, ties to even, for |v| <= 2^22 by
-// adding 1.5*2^23 and reading the low mantissa bits. Outside that range it
-// returns ggml's same garbage (callers clamp), never undefined behaviour.
-inline int nearest_int(float v) {
-  const float shifted = v + 12582912.0f;
-  int32_t bits;
-  memcpy(&bits, &shifted, 4);
-  return (bits & 0x007fffff) - 0x00400000;
-}
-
 inline int clamp_int(int v, int lo, int hi) { return std::max(lo, std::min(hi, v)); }
 
 // ggml's make_qkx2_quants: fit x ~ scale * L - min_out with L in [0, nmax]

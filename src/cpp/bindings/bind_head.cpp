@@ -354,15 +354,7 @@ void bind_head(nb::module_& m) {
         const float* xs = f32_matrix(x, "x", wv.cols);
         const size_t t = x.shape(0);
         cpu::Isa which = cpu::active_isa();
-        if (isa) {
-          bool ok = false;
-          for (cpu::Isa i : cpu::available_isas())
-            if (*isa == cpu::isa_name(i)) {
-              which = i;
-              ok = true;
-            }
-          if (!ok) throw ArgValueError("isa '" + *isa + "' is not available on this machine/build");
-        }
+        if (isa) which = cpu::isa_by_name(*isa);
         if (order != "canonical" && order != "reference")
           throw ArgValueError("order must be 'canonical' or 'reference', got '" + order + "'");
         F32Array out = new_array(t, (size_t)wv.rows);

@@ -23,19 +23,11 @@
 
 #include "cpu/kernels.h"
 #include "errors.h"
+#include "muser/quant_blocks.h"
 
 namespace muser::cpu {
 
 namespace {
-
-// ggml's nearest_int: round half to even through the 1.5*2^23 magic add.
-// |f| <= 127 here, far inside the trick's range (2^22).
-inline int nearest_int(float f) {
-  const float v = f + 12582912.0f;
-  int32_t i;
-  memcpy(&i, &v, 4);
-  return (i & 0x007fffff) - 0x00400000;
-}
 
 // x86 cvtps2dq after roundps(nearest): round half to even; NaN (only
 // reachable with check_finite=False) becomes the "integer indefinite" value,

@@ -180,6 +180,15 @@ MUSER_HD uint16_t f32_to_f16(float f) {
 
 MUSER_HD float bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
 
+// ggml's nearest_int: round to nearest, ties to even, for |v| <= 2^22 by
+// adding 1.5*2^23 and reading the low mantissa bits. Outside that range it
+// returns ggml's same garbage (callers clamp), never undefined behaviour.
+// The quantizers and the q8 activation quantizer both use it.
+MUSER_HD int nearest_int(float v) {
+  const float shifted = v + 12582912.0f;
+  return (int)(f32_to_bits(shifted) & 0x007fffffu) - 0x00400000;
+}
+
 // Unpack the j-th (scale, min) pair of the 12-byte K-quant scale field.
 MUSER_HD void k_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
   if (j < 4) {
