@@ -6,6 +6,7 @@
 //   Q8_K (K-quant weights), per 256: max = the value of largest |x| (the first
 //     on ties), iscale = -127/max, q = min(127, round-half-even(iscale*x)),
 //     d = 1/iscale; all-zero blocks get d = 0. Sums of 16 (Q6_K) or 32 quants.
+//     (NaN, reachable with check_finite=False, quantizes to 0 as on the CPU.)
 //   Q8_0, per 32: amax = max |x|, d = f16(amax/127), id = amax ? 127/amax : 0,
 //     q = round-half-even(x*id) (NaN -> -128, as the CPU's saturating pack).
 // One warp per (token, 256 columns); lane l owns columns 8l..8l+7.
@@ -91,7 +92,10 @@ __global__ void quantize_q8_kernel(const float* x, int64_t ldx, int64_t K, int64
     if (amax != 0.0f) {
       const float iscale = -127.0f / mx;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) q[i] = min(127, __float2int_rn(iscale * v[i]));
+      for (int i = 0; i < 8; ++i) {
+        const float s = iscale * v[i];
+        q[i] = s != s ? 0 : min(127, __float2int_rn(s));  // NaN -> 0, as nearest_int's bit trick gives
+      }
       d = 1.0f / iscale;
     } else {
 #pragma unroll
