@@ -18,7 +18,6 @@ acts="q8", as in ggml's mul_mat), ``tail`` every node after it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -186,12 +185,9 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(res), flush=True)
         print(flush=True)
     if args.json:
-        text = json.dumps(results, indent=1)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+        from ._bench_util import write_json
+
+        write_json(results, args.json, indent=1)
     return 0
 
 

@@ -16,7 +16,6 @@ wrapper such as ``python -m muser bench --device cuda``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -168,12 +167,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"torch bf16 F.linear t={t}: {us(s)} us ({s / limit:.3f} x the limit; reads "
                   f"{2 * args.vocab * args.hidden:,} bytes of bf16 weight)")
     if args.json:
-        text = json.dumps(results, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text)
+        from ._bench_util import write_json
+
+        write_json(results, args.json, indent=2)
     if tmp is not None:
         tmp.cleanup()
     return 0

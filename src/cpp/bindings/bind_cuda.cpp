@@ -113,19 +113,6 @@ HiddenInput resolve_hidden(Head& h, cuda::CudaDevice& dev, const std::optional<A
   return in;
 }
 
-nb::list profile_list(const std::vector<NodeTiming>& timings) {
-  nb::list prof;
-  for (const auto& tm : timings) {
-    nb::dict d;
-    d["label"] = tm.label;
-    d["kind"] = tm.kind;
-    d["seconds"] = tm.seconds;
-    d["bytes"] = tm.bytes;
-    prof.append(d);
-  }
-  return prof;
-}
-
 #endif  // MUSER_HAVE_CUDA
 
 }  // namespace

@@ -171,6 +171,19 @@ WeightView weight_from_bytes(const AnyArray& w, const std::string& type_name) {
 
 }  // namespace
 
+nb::list profile_list(const std::vector<NodeTiming>& timings) {
+  nb::list prof;
+  for (const auto& tm : timings) {
+    nb::dict d;
+    d["label"] = tm.label;
+    d["kind"] = tm.kind;
+    d["seconds"] = tm.seconds;
+    d["bytes"] = tm.bytes;
+    prof.append(d);
+  }
+  return prof;
+}
+
 void bind_head(nb::module_& m) {
   nb::class_<Head>(m, "Head")
       .def_static(
@@ -228,17 +241,8 @@ void bind_head(nb::module_& m) {
               if (check) check_finite(x, t, H);
               buf = h->run(x, (int)t, dst, profile ? &timings : nullptr);
             }
-            nb::list prof;
-            for (const auto& tm : timings) {
-              nb::dict d;
-              d["label"] = tm.label;
-              d["kind"] = tm.kind;
-              d["seconds"] = tm.seconds;
-              d["bytes"] = tm.bytes;
-              prof.append(d);
-            }
             nb::object result = buf ? nb::cast(view_of(buf, (size_t)t, (size_t)V, h)) : nb::none();
-            return nb::make_tuple(result, prof);
+            return nb::make_tuple(result, profile_list(timings));
           },
           nb::arg("hidden"), nb::arg("out").none(), nb::arg("profile") = false, nb::arg("check_finite") = true)
       .def_prop_ro("buffer", [](std::shared_ptr<Head> h) -> nb::object {

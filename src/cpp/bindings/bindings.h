@@ -2,7 +2,16 @@
 #pragma once
 #include <nanobind/nanobind.h>
 
+#include <vector>
+
+namespace muser {
+struct NodeTiming;
+}
+
 namespace muser::py {
+// A profile as Python dicts (label, kind, seconds, bytes), one per node.
+nanobind::list profile_list(const std::vector<NodeTiming>& timings);
+
 void bind_errors(nanobind::module_& m);
 void bind_gguf(nanobind::module_& m);   // bind_gguf.cpp: muser.GGUFFile
 void bind_quant(nanobind::module_& m);  // bind_quant.cpp: quantize / dequantize
