@@ -12,6 +12,7 @@
 // One warp per (token, 256 columns); lane l owns columns 8l..8l+7.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "cuda_check.h"
 #include "matvec_q8.cuh"
@@ -178,12 +179,12 @@ void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int
   a->t = t;
 }
 
-Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_bytes) {
+Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_bytes, int x_tokens) {
   // columns per chunk: all of them when the tile's tokens fit the budget, else
   // as many 256-column slices as fit (at least one)
   const int64_t kpad = (a.cols + 255) / 256 * 256;
   auto bytes = [&](int64_t cols) {
-    return (size_t)tile_tokens * ((size_t)(cols + kQ8XPad) + (size_t)(cols / meta_cols) * (size_t)rec_bytes);
+    return (size_t)x_tokens * (size_t)(cols + kQ8XPad) + (size_t)tile_tokens * (size_t)(cols / meta_cols) * (size_t)rec_bytes;
   };
   int64_t cols = kpad;
   while (cols > 256 && bytes(cols) > kQ8SmemBudget) cols -= 256;
@@ -193,22 +194,33 @@ Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_b
   return p;
 }
 
-void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& p, cudaStream_t stream) {
+int q8_staged_stages(const Q8Args& a, const Q8Plan& p, int stage_bytes) {
+  if (const char* e = std::getenv("MUSER_Q8_STAGES")) return std::atoi(e);
+  int dev = 0, optin = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+        "cudaDeviceGetAttribute(shared memory per block)");
+  for (int s = 4; s >= 2; --s)
+    if (p.smem_bytes + (size_t)s * (size_t)stage_bytes <= (size_t)optin) return s;
+  return 0;
+}
+
+void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& p, cudaStream_t stream, int threads,
+                             int rows_per_cta) {
   if (p.smem_bytes > 48 * 1024)
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem_bytes),
           "cudaFuncSetAttribute(matvec_q8 shared memory)");
   int per_sm = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kMatvecThreads, p.smem_bytes),
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, p.smem_bytes),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor(matvec_q8)");
   if (per_sm < 1)
     throw DeviceError("matvec_q8: no CTA fits on this GPU with " + std::to_string(p.smem_bytes) + " bytes of shared memory");
-  const int64_t rows_per_cta = (int64_t)kMatvecWarps * kQ8RowsPerWarp;
   const int64_t groups = (a.rows + rows_per_cta - 1) / rows_per_cta;
   const int64_t grid = std::min<int64_t>(groups, (int64_t)per_sm * sm_count());
   Q8Args args = a;
   int chunk = p.chunk_cols;
   void* params[] = {&args, &chunk};
-  check(cudaLaunchKernel(kernel, dim3((unsigned)grid), dim3(kMatvecThreads), params, p.smem_bytes, stream),
+  check(cudaLaunchKernel(kernel, dim3((unsigned)grid), dim3(threads), params, p.smem_bytes, stream),
         "launch matvec_q8");
 }
 

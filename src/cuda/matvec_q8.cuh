@@ -34,10 +34,13 @@
 // 16-byte loads per row) and transposes them with 8 PRMTs per 16 bytes into
 // registers of 4 same-sub-block quants, merging the fifth bits from qh' with
 // one LOP3 each. Q6_K and Q8_0 blocks (2-byte aligned) are read in 16-bit
-// halves. Loads are ld.global.nc.L1::no_allocate, one unit ahead.
+// halves. Loads are ld.global.nc.L1::no_allocate, one unit ahead; for t <= 8
+// Q4_K/Q5_K units go through shared memory instead (matvec_q8_staged_kernel).
 #pragma once
 #include "kernels.h"
 #include "matvec.cuh"
+
+#include <type_traits>
 
 namespace muser::cuda {
 
@@ -240,6 +243,18 @@ struct Q8DecKQuant {  // Q5_K (kHigh) or Q4_K, repacked (repack.cuh)
       if (kHigh) r.qh[i] = ld_weight_v2(p.qh[i] + kAhead * kBlockBytes);
       r.qa[i] = ld_weight_v4(p.qs[i] + kAhead * kBlockBytes);
       r.qb[i] = ld_weight_v4(p.qs[i] + kAhead * kBlockBytes + 16);
+    }
+  }
+  // the same fields from a unit staged in shared memory ([16 rows][kBlockBytes], matvec_q8_staged_kernel)
+  static constexpr bool kStageable = true;
+  static __device__ __forceinline__ void load_staged(Raw& r, const uint8_t* st, int G, int q) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* b = st + (G + 8 * i) * kBlockBytes;
+      r.hdr[i] = *reinterpret_cast<const uint4*>(b);
+      if (kHigh) r.qh[i] = *reinterpret_cast<const uint2*>(b + kQ5KHighBitsOffset + 8 * q);
+      r.qa[i] = *reinterpret_cast<const uint4*>(b + kQsOffset + 32 * q);
+      r.qb[i] = *reinterpret_cast<const uint4*>(b + kQsOffset + 32 * q + 16);
     }
   }
   template <int NT>
@@ -460,9 +475,9 @@ struct Q8MinCtasPerSm {
 // columns past the quantized width).
 template <class Dec>
 __device__ __forceinline__ void stage_q8(int8_t* xs, uint8_t* ms, const Q8Args& a, int64_t col0, int chunk_cols,
-                                         int pitch, int TT) {
+                                         int pitch, int TT, int XR) {  // XR <= TT: tokens whose quants are staged
   const int vecs = chunk_cols / 16;
-  for (int i = threadIdx.x; i < TT * vecs; i += blockDim.x) {
+  for (int i = threadIdx.x; i < XR * vecs; i += blockDim.x) {
     const int k = i / vecs, v = i - k * vecs;
     const int64_t col = col0 + 16 * v;
     uint4 val = make_uint4(0, 0, 0, 0);
@@ -505,7 +520,7 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
   const int rec_lane = 2 * q * mblocks * Dec::kRec;
 
   if (one_chunk) {
-    stage_q8<Dec>(xs, ms, a, 0, chunk_cols, pitch, TT);
+    stage_q8<Dec>(xs, ms, a, 0, chunk_cols, pitch, TT, TT);
     __syncthreads();
   }
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
@@ -523,7 +538,7 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
     for (int u = 0; u < units; ++u) {
       if (!one_chunk && uc == 0) {
         __syncthreads();  // every warp is done with the previous chunk
-        stage_q8<Dec>(xs, ms, a, (int64_t)u * Dec::kUnit, chunk_cols, pitch, TT);
+        stage_q8<Dec>(xs, ms, a, (int64_t)u * Dec::kUnit, chunk_cols, pitch, TT, TT);
         __syncthreads();
       }
       const int mb = uc * (Dec::kUnit / Dec::kMetaCols);  // first record of the unit in the chunk
@@ -553,13 +568,142 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
   }
 }
 
+// ---------------------------------------------------------------- the staged kernel (t <= 8, Q4_K/Q5_K)
+
+// The same computation (same Raw, same compute(), same order), but the weight
+// units travel through shared memory: each warp owns a ring of S stages of
+// one unit (16 rows x one block) filled with cp.async.cg (16 bytes, L2 only),
+// S - 1 units ahead, so the bytes in flight cost no registers (87 registers
+// against 119). The copy is coalesced (a warp's 32 pieces are consecutive
+// pieces of the unit, whole blocks in a run) where the register kernel's
+// lane-shaped loads touch 1.65 x the sectors. One CTA of kQ8StagedWarps warps
+// per SM stages the activations once. Only the tokens < t of the tile have
+// their quants staged: lanes of tokens >= t read token t - 1's (their sums are
+// never written). S: 4 when it fits (t = 1), else 3 (t = 8 on the seed head),
+// else 2, else the register kernel (q8_staged_stages).
+constexpr int kQ8StagedWarps = 16;
+constexpr int kQ8StagedThreads = 32 * kQ8StagedWarps;
+
+__device__ __forceinline__ void cp_async16(uint8_t* dst, const uint8_t* src) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <class Dec, int S>
+__global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q8Args a, int chunk_cols) {
+  constexpr int NT = 1, TT = 8;
+  constexpr int kStage = kQ8RowsPerWarp * Dec::kBlockBytes;
+  constexpr int kChunks = Dec::kBlockBytes / 16;  // 16-byte pieces of a block
+  static_assert(Dec::kBlockBytes % 16 == 0, "staged blocks are copied in 16-byte pieces");
+  static_assert(S >= 2, "at least two stages");
+  extern __shared__ uint4 smem_q8[];
+  const int pitch = chunk_cols + kQ8XPad;
+  const int XR = a.t < TT ? a.t : TT;
+  const int mblocks = chunk_cols / Dec::kMetaCols;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = lane >> 2, q = lane & 3;
+  int8_t* xs = reinterpret_cast<int8_t*>(smem_q8);                                 // [XR][pitch]
+  uint8_t* ms = reinterpret_cast<uint8_t*>(xs + XR * pitch);                        // [TT][mblocks] records
+  uint8_t* ws = ms + TT * mblocks * Dec::kRec + warp * (S * kStage);                // this warp's [S][16][block]
+
+  const int units = (int)((a.cols + Dec::kUnit - 1) / Dec::kUnit);
+  const int blocks = (int)(a.cols / Dec::kMetaCols);
+  const int units_per_chunk = chunk_cols / Dec::kUnit;
+  const bool one_chunk = units_per_chunk >= units;
+  const int64_t groups = (a.rows + kQ8StagedWarps * kQ8RowsPerWarp - 1) / (kQ8StagedWarps * kQ8RowsPerWarp);
+
+  const int x_lane = (G < XR ? G : XR - 1) * pitch + Dec::kLaneBytes * q;
+  const int rec_lane = 2 * q * mblocks * Dec::kRec;
+  // copy lanes: a unit is kPieces 16-byte pieces, [16 rows][kChunks] in shared memory;
+  // lane l copies pieces l, l + 32, ...: each instruction reads 512 bytes in runs of whole blocks
+  constexpr int kPieces = kQ8RowsPerWarp * kChunks, kPerLane = (kPieces + 31) / 32;
+  uint8_t* const ws_lane = ws + 16 * lane;
+
+  if (one_chunk) {
+    stage_q8<Dec>(xs, ms, a, 0, chunk_cols, pitch, TT, XR);
+    __syncthreads();
+  }
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t row0 = (g * kQ8StagedWarps + warp) * kQ8RowsPerWarp;
+    float acc_q[NT][4], acc_m[NT][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc_q[0][i] = acc_m[0][i] = 0.0f;
+
+    const uint8_t* src = q8_row_ptr(a, row0);
+    int off[kPerLane];  // piece lane + 32k: its byte offset from src (rows past the end read the last row)
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int p = lane + 32 * k, r = p / kChunks, c = p - r * kChunks;
+      const int64_t row = row0 + r < a.rows ? row0 + r : a.rows - 1;
+      off[k] = (int)((row - row0) * a.row_bytes) + 16 * c;
+    }
+    auto issue = [&](int unit, int stage) {
+      if (unit < units) {
+        const uint8_t* s = src + (int64_t)unit * Dec::kBlockBytes;
+        uint8_t* d = ws_lane + stage * kStage;
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k)
+          if (kPieces % 32 == 0 || k < kPerLane - 1 || lane + 32 * k < kPieces) cp_async16(d + 512 * k, s + off[k]);
+      }
+      cp_async_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) issue(s, s);
+
+    int uc = 0;         // unit within the chunk
+    int rd = 0;         // stage read this unit
+    int wr = S - 1;     // stage filled this unit
+    for (int u = 0; u < units; ++u) {
+      if (!one_chunk && uc == 0) {
+        __syncthreads();
+        stage_q8<Dec>(xs, ms, a, (int64_t)u * Dec::kUnit, chunk_cols, pitch, TT, XR);
+        __syncthreads();
+      }
+      cp_async_wait<S - 2>();  // this lane's pieces of unit u have landed
+      __syncwarp();            // ... and every lane's; every lane is done with stage wr (unit u - 1)
+      issue(u + S - 1, wr);
+      const int mb = uc * (Dec::kUnit / Dec::kMetaCols);
+      const Q8Smem sm{xs + x_lane + uc * Dec::kUnit, 8 * pitch, ms + rec_lane + mb * Dec::kRec, mblocks * Dec::kRec};
+      const int blocks_left = blocks - u * (Dec::kUnit / Dec::kMetaCols);
+      typename Dec::Raw r;
+      Dec::load_staged(r, ws + rd * kStage, G, q);
+      Dec::template compute<NT>(r, sm, blocks_left, acc_q, acc_m);
+      rd = rd == S - 1 ? 0 : rd + 1;
+      wr = wr == S - 1 ? 0 : wr + 1;
+      if (++uc == units_per_chunk) uc = 0;
+    }
+    cp_async_wait<0>();
+    __syncwarp();  // every lane is done with the ring before the next group refills it
+
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int k = 2 * q + (i & 1);
+      const int64_t row = row0 + G + 8 * (i >> 1);
+      if (k < a.t && row < a.rows) a.y[k * a.ldy + row] = Dec::kMins ? acc_q[0][i] - acc_m[0][i] : acc_q[0][i];
+    }
+  }
+}
+
+template <class Dec, class = void>
+struct Q8Stageable : std::false_type {};
+template <class Dec>
+struct Q8Stageable<Dec, std::void_t<decltype(Dec::kStageable)>> : std::true_type {};
+
 // Launch plan (host side, matvec_q8.cu): columns staged per chunk and shared memory.
 struct Q8Plan {
   int chunk_cols = 0;
   size_t smem_bytes = 0;
 };
-Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_bytes);
-void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& p, cudaStream_t stream);
+// x_tokens: tokens whose quants are staged (tile_tokens, or t for the staged kernel)
+Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_bytes, int x_tokens);
+void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& p, cudaStream_t stream,
+                             int threads = kMatvecThreads, int rows_per_cta = kMatvecWarps * kQ8RowsPerWarp);
+// stages of the staged kernel for a (0: use the register kernel); MUSER_Q8_STAGES overrides
+int q8_staged_stages(const Q8Args& a, const Q8Plan& p, int stage_bytes);
 
 void matvec_q8_q5_k(const Q8Args& a, cudaStream_t stream);
 void matvec_q8_q4_k(const Q8Args& a, cudaStream_t stream);
@@ -570,9 +714,26 @@ template <class Dec>
 void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
   auto go = [&](auto tiles) {
     constexpr int NT = decltype(tiles)::value;
-    const Q8Plan p = plan_matvec_q8(a, 8 * NT, Dec::kMetaCols, Dec::kRec);
+    const Q8Plan p = plan_matvec_q8(a, 8 * NT, Dec::kMetaCols, Dec::kRec, 8 * NT);
     launch_matvec_q8_kernel(reinterpret_cast<const void*>(&matvec_q8_kernel<Dec, NT>), a, p, stream);
   };
+  if constexpr (Q8Stageable<Dec>::value) {
+    if (a.t <= 8) {
+      const Q8Plan p = plan_matvec_q8(a, 8, Dec::kMetaCols, Dec::kRec, a.t);
+      constexpr int kStage = kQ8StagedWarps * kQ8RowsPerWarp * Dec::kBlockBytes;
+      const int S = q8_staged_stages(a, p, kStage);
+      auto staged = [&](auto stages) {
+        constexpr int kS = decltype(stages)::value;
+        Q8Plan ps = p;
+        ps.smem_bytes += (size_t)kS * kStage;
+        launch_matvec_q8_kernel(reinterpret_cast<const void*>(&matvec_q8_staged_kernel<Dec, kS>), a, ps, stream,
+                                kQ8StagedThreads, kQ8StagedWarps * kQ8RowsPerWarp);
+      };
+      if (S == 4) return staged(std::integral_constant<int, 4>{});
+      if (S == 3) return staged(std::integral_constant<int, 3>{});
+      if (S == 2) return staged(std::integral_constant<int, 2>{});
+    }
+  }
   if (a.t <= 8) go(std::integral_constant<int, 1>{});
   else if (a.t <= 16) go(std::integral_constant<int, 2>{});
   else if (a.t <= 32) go(std::integral_constant<int, 4>{});
