@@ -137,24 +137,12 @@ def _device_rows(hidden: Any, H: int) -> tuple[int, int, bool]:
     return int(ptr), 1 if single else int(shape[0]), single
 
 
-def _host_rows(hidden: Any, H: int) -> tuple[np.ndarray, bool]:
-    arr = np.asarray(hidden)
-    if arr.dtype != np.float32:
-        raise TypeError(f"hidden must be float32, got {arr.dtype}")
-    single = arr.ndim == 1
-    if single:
-        arr = arr[None, :]
-    if arr.ndim != 2 or arr.shape[1] != H:
-        raise ValueError(f"hidden must have shape [H] or [t, H] with H={H}, got {np.shape(hidden)}")
-    return np.ascontiguousarray(arr), single
-
-
 def _inputs(head: Any, hidden: Any) -> tuple[Optional[np.ndarray], int, int, bool]:
     H = head.spec.hidden_size
     if is_device_array(hidden):
         ptr, t, single = _device_rows(hidden, H)
         return None, ptr, t, single
-    rows, single = _host_rows(hidden, H)
+    rows, single = head._rows(hidden)  # the Head's own validation of host arrays
     return rows, 0, rows.shape[0], single
 
 
