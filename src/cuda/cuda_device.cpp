@@ -1,4 +1,4 @@
-// The CUDA device: weights uploaded (and repacked) once at load, one stream
+// The CUDA device: weights uploaded once at load, in the device layout (repack.cuh), one stream
 // per device, nodes launched in route order on that stream (stream order is
 // the barrier between dependent nodes), CUDA events around each node when a
 // profile is asked for, pinned host memory for the logits the Head returns.
@@ -203,15 +203,13 @@ class CudaDeviceImpl final : public CudaDevice {
                         (type_traits(w.output.type).name ? type_traits(w.output.type).name : "?"));
     spec_ = spec;
     out_ = w.output;
-    const size_t wbytes = (size_t)out_.row_bytes * (size_t)out_.rows;
-    weight_ = std::make_unique<DeviceMemory>(wbytes + kWeightPadBytes, ordinal_, "the LM-head weight");
-    check(cudaMemset(static_cast<uint8_t*>(weight_->ptr) + wbytes, 0, kWeightPadBytes), "cudaMemset(weight padding)");
-    check(cudaMemcpy(weight_->ptr, out_.data, wbytes, cudaMemcpyHostToDevice), "upload of the LM-head weight");
-    repack_weight(static_cast<uint8_t*>(weight_->ptr), out_.type, out_.rows, out_.row_bytes, stream_);
+    weight_ = std::make_unique<DeviceMemory>(device_weight_bytes(out_.type, out_.rows, out_.row_bytes), ordinal_,
+                                             "the LM-head weight");
+    upload_weight(static_cast<uint8_t*>(weight_->ptr), out_.data, out_.type, out_.rows, out_.row_bytes, ordinal_,
+                  stream_);
     gamma_ = upload(w.gamma, "the final-norm weight");
     beta_ = upload(w.beta, "the final-norm bias");
     bias_ = upload(w.bias, "the LM-head bias");
-    check(cudaStreamSynchronize(stream_), "weight repack (synchronize)");
     out_.data = nullptr;  // the host bytes are not used after the upload
   }
 

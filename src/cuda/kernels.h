@@ -30,7 +30,7 @@ void softcap_canon(float* y, int64_t n, float scale, float cap, float inv_cap, c
 
 // ---- matvec.cu: logits = W x for t tokens ----
 struct MatvecArgs {
-  const uint8_t* w = nullptr;  // device copy of the weight, in the layout repack_weight left
+  const uint8_t* w = nullptr;  // device copy of the weight, in the device layout (repack.cuh)
   uint32_t type = 0;           // ggml type id
   int64_t rows = 0;            // V
   int64_t cols = 0;            // H
@@ -44,10 +44,15 @@ struct MatvecArgs {
 };
 // Bytes the device allocates after the weight: the matvec prefetches one
 // unit past a row unconditionally (cheaper than a branch per unit).
-constexpr size_t kWeightPadBytes = 4096;
-// Rewrites the uploaded weight in place into the layout the fast matvec
-// reads (a per-block permutation for Q4_K/Q5_K; see matvec.cuh), once at load.
-void repack_weight(uint8_t* w, uint32_t type, int64_t rows, int64_t row_bytes, cudaStream_t stream);
+constexpr size_t kWeightPadBytes = 8192;
+// Device bytes of a weight in the device layout (repack.cuh: quantized rows
+// in tiles of 16, the last one padded), kWeightPadBytes included.
+size_t device_weight_bytes(uint32_t type, int64_t rows, int64_t row_bytes);
+// Copies a GGUF weight (host memory, rows x row_bytes) into dst
+// (device_weight_bytes of device memory) in the device layout, through a
+// bounded device staging buffer; synchronous. Once at load.
+void upload_weight(uint8_t* dst, const uint8_t* host, uint32_t type, int64_t rows, int64_t row_bytes, int ordinal,
+                   cudaStream_t stream);
 // The canonical lane order (docs/numerics.md), bit-equal to the CPU's matvec_canon.
 void matvec_canon(const MatvecArgs& a, cudaStream_t stream);
 // The scalar oracle: one f32 accumulator per row in index order (slow by design).
@@ -59,7 +64,7 @@ bool matvec_supports(uint32_t type);
 // Whether acts="q8" has a kernel for a weight type (Q4_K, Q5_K, Q6_K, Q8_0).
 bool q8_supported(uint32_t type);
 struct Q8Args {
-  const uint8_t* w = nullptr;  // device weight, as repack_weight left it
+  const uint8_t* w = nullptr;  // device weight, in the device layout (repack.cuh)
   uint32_t type = 0;
   int64_t rows = 0, cols = 0, row_bytes = 0;
   const int8_t* xq = nullptr;  // [t x xq_pitch] quantized activations, zero past cols

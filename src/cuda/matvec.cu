@@ -1,5 +1,5 @@
 // LM-head matvec dispatch (canonical lane order, see matvec.cuh), the scalar
-// reference kernel, and the load-time weight repack.
+// reference kernel, and the load-time upload into the device layout (repack.cuh).
 //
 // matvec_reference: one thread per row and token, one f32 accumulator in
 // index order, acc = acc + w[j] * x[j] (two roundings per step), the weights
@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "cuda_check.h"
+#include "cuda_device.h"
 #include "matvec.cuh"
 #include "muser/dequant.h"
 
@@ -28,30 +29,32 @@ int sm_count_of_current_device() {
 
 // ---- reference ----
 
-// Element values of one 256-element (or shorter) slice of a row, by dequant.h.
-__device__ int decode_reference_chunk(uint32_t type, const uint8_t* row, int64_t k0, int64_t cols, float* out) {
+// Element values of one 256-element (or shorter) slice [k0, k0 + n) of a row,
+// by dequant.h; row: the row's first block, stride: bytes between its blocks.
+__device__ int decode_reference_chunk(uint32_t type, const uint8_t* row, int64_t stride, int64_t k0, int64_t cols,
+                                      float* out) {
   switch (type) {
     case (uint32_t)GgmlType::Q5_K: {
       BlockQ5_K b;
-      unpack_block_q5_k(row + (k0 / kQK_K) * sizeof(BlockQ5_K), &b);
+      unpack_block_q5_k(row + (k0 / kQK_K) * stride, &b);
       dequant_block_q5_k(b, out);
       return kQK_K;
     }
     case (uint32_t)GgmlType::Q4_K: {
       BlockQ4_K b;
-      unpack_block_q4_k(row + (k0 / kQK_K) * sizeof(BlockQ4_K), &b);
+      unpack_block_q4_k(row + (k0 / kQK_K) * stride, &b);
       dequant_block_q4_k(b, out);
       return kQK_K;
     }
     case (uint32_t)GgmlType::Q6_K: {
       BlockQ6_K b;
-      memcpy(&b, row + (k0 / kQK_K) * sizeof(BlockQ6_K), sizeof(b));
+      memcpy(&b, row + (k0 / kQK_K) * stride, sizeof(b));
       dequant_block_q6_k(b, out);
       return kQK_K;
     }
     case (uint32_t)GgmlType::Q8_0: {
       BlockQ8_0 b;
-      memcpy(&b, row + (k0 / kQK8_0) * sizeof(BlockQ8_0), sizeof(b));
+      memcpy(&b, row + (k0 / kQK8_0) * stride, sizeof(b));
       dequant_block_q8_0(b, out);
       return kQK8_0;
     }
@@ -77,12 +80,15 @@ __global__ void matvec_reference_kernel(MatvecArgs a) {
   if (id >= a.rows * a.t) return;
   const int64_t row = id % a.rows;
   const int k = (int)(id / a.rows);
-  const uint8_t* p = a.w + row * a.row_bytes;
+  const int64_t block_bytes = type_traits(a.type).block_bytes;
+  const bool tiled = is_tiled_type(a.type);
+  const uint8_t* p = a.w + (tiled ? tiled_row_offset(row, a.row_bytes, block_bytes) : row * a.row_bytes);
+  const int64_t stride = tiled ? kTileRows * block_bytes : block_bytes;
   const float* x = a.x + k * a.ldx;
   float wbuf[kQK_K];
   float acc = 0.0f;
   for (int64_t k0 = 0; k0 < a.cols;) {
-    const int n = decode_reference_chunk(a.type, p, k0, a.cols, wbuf);
+    const int n = decode_reference_chunk(a.type, p, stride, k0, a.cols, wbuf);
     for (int i = 0; i < n; ++i) acc = acc + wbuf[i] * x[k0 + i];
     k0 += n;
   }
@@ -95,16 +101,36 @@ void launch_matvec_reference(const MatvecArgs& a, cudaStream_t stream) {
   matvec_reference_kernel<<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(a);
 }
 
-// ---- repack ----
+// ---- upload: GGUF rows -> the device layout (repack.cuh) ----
 
+// One thread per block of a chunk of whole tiles: copies the block from the
+// GGUF rows in src to its tiled place in dst, then permutes it (Q4_K/Q5_K).
 template <int kBlockBytes, void (*kRepack)(uint8_t*)>
-__global__ void repack_blocks_kernel(uint8_t* w, int64_t nblocks) {
+__global__ void tile_blocks_kernel(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t blocks_per_row,
+                                   int64_t row_bytes) {
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < nblocks) kRepack(w + i * kBlockBytes);
+  if (i >= rows * blocks_per_row) return;
+  const int64_t r = i / blocks_per_row, b = i - r * blocks_per_row;
+  const uint16_t* from = reinterpret_cast<const uint16_t*>(src + r * row_bytes + b * kBlockBytes);
+  uint8_t* to = dst + tiled_row_offset(r, row_bytes, kBlockBytes) + b * kTileRows * kBlockBytes;
+  uint16_t* to16 = reinterpret_cast<uint16_t*>(to);  // every block size is even, every block 2-byte aligned
+  for (int k = 0; k < kBlockBytes / 2; ++k) to16[k] = from[k];
+  if constexpr (kRepack != nullptr) kRepack(to);
 }
 
 __device__ void repack_q5_k_device(uint8_t* b) { repack_block_q5_k(b); }
 __device__ void repack_q4_k_device(uint8_t* b) { repack_block_q4_k(b); }
+
+template <int kBlockBytes, void (*kRepack)(uint8_t*)>
+void tile_blocks(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t row_bytes, cudaStream_t stream) {
+  const int threads = 256;
+  const int64_t n = rows * (row_bytes / kBlockBytes);
+  tile_blocks_kernel<kBlockBytes, kRepack>
+      <<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(src, dst, rows, row_bytes / kBlockBytes, row_bytes);
+  check_launch("tile_blocks");
+}
+
+constexpr int64_t kUploadStagingBytes = 64ll << 20;  // device staging for the GGUF rows of whole tiles
 
 }  // namespace
 
@@ -191,19 +217,40 @@ void matvec_reference(const MatvecArgs& a, cudaStream_t stream) {
   check_launch("matvec_reference");
 }
 
-void repack_weight(uint8_t* w, uint32_t type, int64_t rows, int64_t row_bytes, cudaStream_t stream) {
-  const int threads = 256;
-  if (type == (uint32_t)GgmlType::Q5_K) {
-    const int64_t n = rows * row_bytes / (int64_t)sizeof(BlockQ5_K);
-    repack_blocks_kernel<sizeof(BlockQ5_K), repack_q5_k_device>
-        <<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(w, n);
-    check_launch("repack_q5_k");
-  } else if (type == (uint32_t)GgmlType::Q4_K) {
-    const int64_t n = rows * row_bytes / (int64_t)sizeof(BlockQ4_K);
-    repack_blocks_kernel<sizeof(BlockQ4_K), repack_q4_k_device>
-        <<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(w, n);
-    check_launch("repack_q4_k");
+size_t device_weight_bytes(uint32_t type, int64_t rows, int64_t row_bytes) {
+  const int64_t stored = is_tiled_type(type) ? (rows + kTileRows - 1) / kTileRows * kTileRows : rows;
+  return (size_t)stored * (size_t)row_bytes + kWeightPadBytes;
+}
+
+void upload_weight(uint8_t* dst, const uint8_t* host, uint32_t type, int64_t rows, int64_t row_bytes, int ordinal,
+                   cudaStream_t stream) {
+  const size_t total = device_weight_bytes(type, rows, row_bytes);
+  check(cudaMemsetAsync(dst, 0, total, stream), "cudaMemset(weight)");  // padding rows and bytes read as zeros
+  if (!is_tiled_type(type)) {
+    check(cudaMemcpyAsync(dst, host, (size_t)rows * row_bytes, cudaMemcpyHostToDevice, stream), "upload of the weight");
+    check(cudaStreamSynchronize(stream), "upload of the weight (synchronize)");
+    return;
   }
+  const int64_t tile_bytes = kTileRows * row_bytes;
+  const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+  const int64_t chunk_tiles = std::max<int64_t>(1, std::min<int64_t>(tiles, kUploadStagingBytes / tile_bytes));
+  DeviceMemory staging((size_t)(chunk_tiles * tile_bytes), ordinal, "the weight upload's staging buffer");
+  auto* st = static_cast<uint8_t*>(staging.ptr);
+  for (int64_t t0 = 0; t0 < tiles; t0 += chunk_tiles) {
+    const int64_t r0 = t0 * kTileRows, nr = std::min(rows - r0, chunk_tiles * kTileRows);
+    // the stream orders this copy after the previous chunk's kernel
+    check(cudaMemcpyAsync(st, host + r0 * row_bytes, (size_t)(nr * row_bytes), cudaMemcpyHostToDevice, stream),
+          "upload of the weight");
+    uint8_t* out = dst + t0 * tile_bytes;
+    switch (type) {
+      case (uint32_t)GgmlType::Q5_K: tile_blocks<sizeof(BlockQ5_K), repack_q5_k_device>(st, out, nr, row_bytes, stream); break;
+      case (uint32_t)GgmlType::Q4_K: tile_blocks<sizeof(BlockQ4_K), repack_q4_k_device>(st, out, nr, row_bytes, stream); break;
+      case (uint32_t)GgmlType::Q6_K: tile_blocks<sizeof(BlockQ6_K), nullptr>(st, out, nr, row_bytes, stream); break;
+      case (uint32_t)GgmlType::Q8_0: tile_blocks<sizeof(BlockQ8_0), nullptr>(st, out, nr, row_bytes, stream); break;
+      default: throw DeviceError("upload_weight: no tiled layout for this type");
+    }
+  }
+  check(cudaStreamSynchronize(stream), "upload of the weight (synchronize)");
 }
 
 }  // namespace muser::cuda

@@ -86,10 +86,13 @@ __device__ __forceinline__ float half_bits_to_float(uint32_t h) {
   return __half2float(__ushort_as_half((unsigned short)h));  // exact, like f16_to_f32
 }
 
-// Row r of a warp's group; rows past the end re-read the last row (their
-// results are never stored) so every warp runs the same loop and barriers.
+// The first block of row r of a warp's group in the device layout (row tiles
+// for quantized types, repack.cuh); rows past the end re-read the last row
+// (their results are never stored) so every warp runs the same loop and barriers.
+template <bool kTiled, int kBlockBytes>
 __device__ __forceinline__ const uint8_t* row_ptr(const MatvecArgs& a, int64_t row) {
-  return a.w + (row < a.rows ? row : a.rows - 1) * a.row_bytes;
+  const int64_t r = row < a.rows ? row : a.rows - 1;
+  return a.w + (kTiled ? tiled_row_offset(r, a.row_bytes, kBlockBytes) : r * a.row_bytes);
 }
 
 // ---------------------------------------------------------------- K-quant factors
@@ -153,7 +156,7 @@ __device__ __forceinline__ void read_factors(const float* scratch, int r, float 
 // kGuard: units may run past the row's end (elements j >= K are skipped).
 
 struct DecodeQ5K {
-  static constexpr int kUnit = 256, kSteps = 8, kBlockBytes = 176;
+  static constexpr int kUnit = 256, kSteps = 8, kBlockBytes = 176, kBlockStride = kTileRows * kBlockBytes;
   static constexpr bool kGuard = false, kFactors = true;
   template <int R>
   struct Lane {
@@ -163,17 +166,17 @@ struct DecodeQ5K {
     __device__ Lane(const MatvecArgs& a, int64_t row0, int lane) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        qs[r] = row_ptr(a, row0 + r) + kQ5KQuantsOffset + 4 * lane;
-        qh[r] = row_ptr(a, row0 + r) + kQ5KHighBitsOffset + lane;
+        qs[r] = row_ptr<true, kBlockBytes>(a, row0 + r) + kQ5KQuantsOffset + 4 * lane;
+        qh[r] = row_ptr<true, kBlockBytes>(a, row0 + r) + kQ5KHighBitsOffset + lane;
       }
 #pragma unroll
-      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] = row_ptr(a, row0 + min(2 * p + (lane >> 4), R - 1));
+      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] = row_ptr<true, kBlockBytes>(a, row0 + min(2 * p + (lane >> 4), R - 1));
     }
     __device__ __forceinline__ void advance(int units) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) qs[r] += units * kBlockBytes, qh[r] += units * kBlockBytes;
+      for (int r = 0; r < R; ++r) qs[r] += units * kBlockStride, qh[r] += units * kBlockStride;
 #pragma unroll
-      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] += units * kBlockBytes;
+      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] += units * kBlockStride;
     }
   };
   template <int R>
@@ -184,11 +187,11 @@ struct DecodeQ5K {
   template <int R, int kAhead>
   static __device__ __forceinline__ void load(Raw<R>& raw, const Lane<R>& p) {
 #pragma unroll
-    for (int q = 0; q < (R + 1) / 2; ++q) raw.hdr[q] = ld_weight_v4(p.hdr[q] + kAhead * kBlockBytes);
+    for (int q = 0; q < (R + 1) / 2; ++q) raw.hdr[q] = ld_weight_v4(p.hdr[q] + kAhead * kBlockStride);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      raw.qs[r] = ld_weight_u32(p.qs[r] + kAhead * kBlockBytes);
-      raw.qh[r] = ld_weight_u8(p.qh[r] + kAhead * kBlockBytes);
+      raw.qs[r] = ld_weight_u32(p.qs[r] + kAhead * kBlockStride);
+      raw.qh[r] = ld_weight_u8(p.qh[r] + kAhead * kBlockStride);
     }
   }
   template <int R>
@@ -214,7 +217,7 @@ struct DecodeQ5K {
 };
 
 struct DecodeQ4K {
-  static constexpr int kUnit = 256, kSteps = 8, kBlockBytes = 144;
+  static constexpr int kUnit = 256, kSteps = 8, kBlockBytes = 144, kBlockStride = kTileRows * kBlockBytes;
   static constexpr bool kGuard = false, kFactors = true;
   template <int R>
   struct Lane {
@@ -222,15 +225,15 @@ struct DecodeQ4K {
     const uint8_t* hdr[(R + 1) / 2];
     __device__ Lane(const MatvecArgs& a, int64_t row0, int lane) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) qs[r] = row_ptr(a, row0 + r) + kQ4KQuantsOffset + 4 * lane;
+      for (int r = 0; r < R; ++r) qs[r] = row_ptr<true, kBlockBytes>(a, row0 + r) + kQ4KQuantsOffset + 4 * lane;
 #pragma unroll
-      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] = row_ptr(a, row0 + min(2 * p + (lane >> 4), R - 1));
+      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] = row_ptr<true, kBlockBytes>(a, row0 + min(2 * p + (lane >> 4), R - 1));
     }
     __device__ __forceinline__ void advance(int units) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) qs[r] += units * kBlockBytes;
+      for (int r = 0; r < R; ++r) qs[r] += units * kBlockStride;
 #pragma unroll
-      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] += units * kBlockBytes;
+      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] += units * kBlockStride;
     }
   };
   template <int R>
@@ -241,9 +244,9 @@ struct DecodeQ4K {
   template <int R, int kAhead>
   static __device__ __forceinline__ void load(Raw<R>& raw, const Lane<R>& p) {
 #pragma unroll
-    for (int q = 0; q < (R + 1) / 2; ++q) raw.hdr[q] = ld_weight_v4(p.hdr[q] + kAhead * kBlockBytes);
+    for (int q = 0; q < (R + 1) / 2; ++q) raw.hdr[q] = ld_weight_v4(p.hdr[q] + kAhead * kBlockStride);
 #pragma unroll
-    for (int r = 0; r < R; ++r) raw.qs[r] = ld_weight_u32(p.qs[r] + kAhead * kBlockBytes);
+    for (int r = 0; r < R; ++r) raw.qs[r] = ld_weight_u32(p.qs[r] + kAhead * kBlockStride);
   }
   template <int R>
   static __device__ __forceinline__ void decode(const Raw<R>& raw, const KFactorLane& fl, int lane, float* scratch,
@@ -264,17 +267,18 @@ struct DecodeQ4K {
 };
 
 // The decoders without shared factors keep one pointer per row (unit u at
-// row + u * kBlockBytes); their speed is not the goal, their order is.
+// row + u * kTileRows * kBlockBytes, one block per unit); their speed is not
+// the goal, their order is.
 template <int R, int kBlockBytes>
 struct RowLane {
   const uint8_t* row[R];
   __device__ RowLane(const MatvecArgs& a, int64_t row0, int) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) row[r] = row_ptr(a, row0 + r);
+    for (int r = 0; r < R; ++r) row[r] = row_ptr<true, kBlockBytes>(a, row0 + r);
   }
   __device__ __forceinline__ void advance(int units) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) row[r] += units * kBlockBytes;
+    for (int r = 0; r < R; ++r) row[r] += units * kTileRows * kBlockBytes;
   }
 };
 
@@ -332,7 +336,7 @@ struct DecodeQ6K {
 
 // Q8_0: a unit is 4 blocks of 32; step s is block 4u+s, lane l its quant l.
 struct DecodeQ80 {
-  static constexpr int kUnit = 128, kSteps = 4, kBlockBytes = 34;
+  static constexpr int kUnit = 128, kSteps = 4, kBlockBytes = 34, kBlockStride = kTileRows * kBlockBytes;
   static constexpr bool kGuard = true, kFactors = false;  // K is a multiple of 32, not of 128
   template <int R>
   struct Lane {
@@ -341,13 +345,13 @@ struct DecodeQ80 {
     __device__ Lane(const MatvecArgs& a, int64_t row0, int) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        row[r] = row_ptr(a, row0 + r);
-        last[r] = row[r] + (a.cols / 32 - 1) * kBlockBytes;
+        row[r] = row_ptr<true, kBlockBytes>(a, row0 + r);
+        last[r] = row[r] + (a.cols / 32 - 1) * kBlockStride;
       }
     }
     __device__ __forceinline__ void advance(int units) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) row[r] += units * 4 * kBlockBytes;
+      for (int r = 0; r < R; ++r) row[r] += units * 4 * kBlockStride;
     }
   };
   template <int R>
@@ -360,7 +364,7 @@ struct DecodeQ80 {
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        const uint8_t* b = p.row[r] + s * kBlockBytes;
+        const uint8_t* b = p.row[r] + s * kBlockStride;
         b = b <= p.last[r] ? b : p.last[r];
         raw.d[r][s] = ld_weight_u16(b);
         raw.qs[r][s] = ld_weight_u8(b + 2 + lane);
@@ -388,7 +392,7 @@ struct DecodeFloat {
     int64_t left;           // elements of the row from the current unit on
     __device__ Lane(const MatvecArgs& a, int64_t row0, int lane) : left(a.cols - lane) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) row[r] = row_ptr(a, row0 + r) + lane * kElemBytes;
+      for (int r = 0; r < R; ++r) row[r] = row_ptr<false, 0>(a, row0 + r) + lane * kElemBytes;
     }
     __device__ __forceinline__ void advance(int units) {
 #pragma unroll

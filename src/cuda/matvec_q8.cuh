@@ -124,8 +124,11 @@ __device__ __forceinline__ void transpose_bytes(const uint4& w, uint32_t (&T)[4]
   T[3] = __byte_perm(b, d, 0x7632);
 }
 
+// The first block of a row in the device layout (row tiles, repack.cuh); rows
+// past the end re-read the last row (never stored).
+template <int kBlockBytes>
 __device__ __forceinline__ const uint8_t* q8_row_ptr(const Q8Args& a, int64_t row) {
-  return a.w + (row < a.rows ? row : a.rows - 1) * a.row_bytes;
+  return a.w + tiled_row_offset(row < a.rows ? row : a.rows - 1, a.row_bytes, kBlockBytes);
 }
 
 // What compute() reads from shared memory for one unit.
@@ -206,7 +209,7 @@ __device__ __forceinline__ void kquant_pair_mma(const uint32_t (&alo)[4], const 
 template <bool kHigh>
 struct Q8DecKQuant {  // Q5_K (kHigh) or Q4_K, repacked (repack.cuh)
   static constexpr int kUnit = 256, kMetaCols = 256, kRec = 32, kLaneBytes = 8;
-  static constexpr int kBlockBytes = kHigh ? 176 : 144;
+  static constexpr int kBlockBytes = kHigh ? 176 : 144, kBlockStride = kTileRows * kBlockBytes;
   static constexpr int kQsOffset = kHigh ? kQ5KQuantsOffset : kQ4KQuantsOffset;
   static constexpr bool kMins = true;
   struct Rows {
@@ -214,8 +217,8 @@ struct Q8DecKQuant {  // Q5_K (kHigh) or Q4_K, repacked (repack.cuh)
     const uint8_t* qh[2];   // this lane's 8 bytes of qh' (Q5_K)
     const uint8_t* qs[2];   // this lane's 32 bytes of qs'
     __device__ Rows(const Q8Args& a, int64_t row_a, int64_t row_b, int q) {
-      hdr[0] = q8_row_ptr(a, row_a);
-      hdr[1] = q8_row_ptr(a, row_b);
+      hdr[0] = q8_row_ptr<kBlockBytes>(a, row_a);
+      hdr[1] = q8_row_ptr<kBlockBytes>(a, row_b);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         qh[i] = hdr[i] + kQ5KHighBitsOffset + 8 * q;
@@ -225,9 +228,9 @@ struct Q8DecKQuant {  // Q5_K (kHigh) or Q4_K, repacked (repack.cuh)
     __device__ __forceinline__ void advance(int units) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        hdr[i] += units * kBlockBytes;
-        if (kHigh) qh[i] += units * kBlockBytes;
-        qs[i] += units * kBlockBytes;
+        hdr[i] += units * kBlockStride;
+        if (kHigh) qh[i] += units * kBlockStride;
+        qs[i] += units * kBlockStride;
       }
     }
   };
@@ -239,10 +242,10 @@ struct Q8DecKQuant {  // Q5_K (kHigh) or Q4_K, repacked (repack.cuh)
   static __device__ __forceinline__ void load(Raw& r, const Rows& p) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      r.hdr[i] = ld_weight_v4(p.hdr[i] + kAhead * kBlockBytes);
-      if (kHigh) r.qh[i] = ld_weight_v2(p.qh[i] + kAhead * kBlockBytes);
-      r.qa[i] = ld_weight_v4(p.qs[i] + kAhead * kBlockBytes);
-      r.qb[i] = ld_weight_v4(p.qs[i] + kAhead * kBlockBytes + 16);
+      r.hdr[i] = ld_weight_v4(p.hdr[i] + kAhead * kBlockStride);
+      if (kHigh) r.qh[i] = ld_weight_v2(p.qh[i] + kAhead * kBlockStride);
+      r.qa[i] = ld_weight_v4(p.qs[i] + kAhead * kBlockStride);
+      r.qb[i] = ld_weight_v4(p.qs[i] + kAhead * kBlockStride + 16);
     }
   }
   // the same fields from a unit staged in shared memory ([16 rows][kBlockBytes], matvec_q8_staged_kernel)
@@ -306,17 +309,18 @@ using Q8DecQ4K = Q8DecKQuant<false>;
 // in qh[32h + 16gg + 4q + i] (bits 2qq, 2qq+1), scale scales[g] (int8).
 struct Q8DecQ6K {
   static constexpr int kUnit = 256, kMetaCols = 256, kRec = 48, kLaneBytes = 4, kBlockBytes = 210;
+  static constexpr int kBlockStride = kTileRows * kBlockBytes;
   static constexpr bool kMins = false;
   struct Rows {
     const uint8_t* b[2];
     int q4;  // 4q
     __device__ Rows(const Q8Args& a, int64_t row_a, int64_t row_b, int q) : q4(4 * q) {
-      b[0] = q8_row_ptr(a, row_a);
-      b[1] = q8_row_ptr(a, row_b);
+      b[0] = q8_row_ptr<kBlockBytes>(a, row_a);
+      b[1] = q8_row_ptr<kBlockBytes>(a, row_b);
     }
     __device__ __forceinline__ void advance(int units) {
-      b[0] += units * kBlockBytes;
-      b[1] += units * kBlockBytes;
+      b[0] += units * kBlockStride;
+      b[1] += units * kBlockStride;
     }
   };
   struct Raw {
@@ -329,7 +333,7 @@ struct Q8DecQ6K {
   static __device__ __forceinline__ void load(Raw& r, const Rows& p) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const uint8_t* b = p.b[i] + kAhead * kBlockBytes;
+      const uint8_t* b = p.b[i] + kAhead * kBlockStride;
       const uint8_t* lq = b + p.q4;
 #pragma unroll
       for (int w = 0; w < 8; ++w) r.ql[i][w] = ld_weight_u32_a2(lq + 64 * (w >> 2) + 32 * ((w >> 1) & 1) + 16 * (w & 1));
@@ -407,17 +411,18 @@ struct Q8DecQ6K {
 // A unit is 4 blocks of 32; lane quad q holds positions 8q..8q+7 of each.
 struct Q8DecQ80 {
   static constexpr int kUnit = 128, kMetaCols = 32, kRec = 4, kLaneBytes = 8, kBlockBytes = 34;
+  static constexpr int kBlockStride = kTileRows * kBlockBytes;
   static constexpr bool kMins = false;
   struct Rows {
     const uint8_t* b[2];
     int q8;
     __device__ Rows(const Q8Args& a, int64_t row_a, int64_t row_b, int q) : q8(8 * q) {
-      b[0] = q8_row_ptr(a, row_a);
-      b[1] = q8_row_ptr(a, row_b);
+      b[0] = q8_row_ptr<kBlockBytes>(a, row_a);
+      b[1] = q8_row_ptr<kBlockBytes>(a, row_b);
     }
     __device__ __forceinline__ void advance(int units) {
-      b[0] += units * 4 * kBlockBytes;
-      b[1] += units * 4 * kBlockBytes;
+      b[0] += units * 4 * kBlockStride;
+      b[1] += units * 4 * kBlockStride;
     }
   };
   struct Raw {
@@ -430,7 +435,7 @@ struct Q8DecQ80 {
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        const uint8_t* b = p.b[i] + (kAhead * 4 + s) * kBlockBytes;
+        const uint8_t* b = p.b[i] + (kAhead * 4 + s) * kBlockStride;
         r.d[i][s] = ld_weight_u16(b);
         r.lo[i][s] = ld_weight_u32_a2(b + 2 + p.q8);
         r.hi[i][s] = ld_weight_u32_a2(b + 6 + p.q8);
@@ -574,9 +579,9 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
 // units travel through shared memory: each warp owns a ring of S stages of
 // one unit (16 rows x one block) filled with cp.async.cg (16 bytes, L2 only),
 // S - 1 units ahead, so the bytes in flight cost no registers (87 registers
-// against 119). The copy is coalesced (a warp's 32 pieces are consecutive
-// pieces of the unit, whole blocks in a run) where the register kernel's
-// lane-shaped loads touch 1.65 x the sectors. One CTA of kQ8StagedWarps warps
+// against 119). A warp's rows are one row tile, so a unit is one contiguous
+// run of 16 blocks and each copy instruction reads 512 consecutive bytes
+// (the register kernel's lane-shaped loads touch 1.65 x the sectors). One CTA of kQ8StagedWarps warps
 // per SM stages the activations once. Only the tokens < t of the tile have
 // their quants staged: lanes of tokens >= t read token t - 1's (their sums are
 // never written). S: 4 when it fits (t = 1), else 3 (t = 8 on the seed head),
@@ -598,8 +603,7 @@ template <class Dec, int S>
 __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q8Args a, int chunk_cols) {
   constexpr int NT = 1, TT = 8;
   constexpr int kStage = kQ8RowsPerWarp * Dec::kBlockBytes;
-  constexpr int kChunks = Dec::kBlockBytes / 16;  // 16-byte pieces of a block
-  static_assert(Dec::kBlockBytes % 16 == 0, "staged blocks are copied in 16-byte pieces");
+  static_assert(kQ8RowsPerWarp == kTileRows, "a warp's rows are one row tile");
   static_assert(S >= 2, "at least two stages");
   extern __shared__ uint4 smem_q8[];
   const int pitch = chunk_cols + kQ8XPad;
@@ -618,9 +622,9 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
 
   const int x_lane = (G < XR ? G : XR - 1) * pitch + Dec::kLaneBytes * q;
   const int rec_lane = 2 * q * mblocks * Dec::kRec;
-  // copy lanes: a unit is kPieces 16-byte pieces, [16 rows][kChunks] in shared memory;
-  // lane l copies pieces l, l + 32, ...: each instruction reads 512 bytes in runs of whole blocks
-  constexpr int kPieces = kQ8RowsPerWarp * kChunks, kPerLane = (kPieces + 31) / 32;
+  // copy lanes: a unit is kPieces 16-byte pieces, contiguous in memory and in the stage;
+  // lane l copies pieces l, l + 32, ...: each instruction reads 512 contiguous bytes
+  constexpr int kPieces = kStage / 16, kPerLane = (kPieces + 31) / 32;
   uint8_t* const ws_lane = ws + 16 * lane;
 
   if (one_chunk) {
@@ -633,21 +637,17 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc_q[0][i] = acc_m[0][i] = 0.0f;
 
-    const uint8_t* src = q8_row_ptr(a, row0);
-    int off[kPerLane];  // piece lane + 32k: its byte offset from src (rows past the end read the last row)
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      const int p = lane + 32 * k, r = p / kChunks, c = p - r * kChunks;
-      const int64_t row = row0 + r < a.rows ? row0 + r : a.rows - 1;
-      off[k] = (int)((row - row0) * a.row_bytes) + 16 * c;
-    }
+    // the warp's 16 rows are one row tile (repack.cuh): its unit u is the kStage bytes at
+    // src + u * kStage, already in the [16 rows][block] order of a stage (pad rows are zeros)
+    const int64_t tile = (row0 < a.rows ? row0 : a.rows - 1) / kTileRows;
+    const uint8_t* src = a.w + tile * kTileRows * a.row_bytes + 16 * lane;
     auto issue = [&](int unit, int stage) {
       if (unit < units) {
-        const uint8_t* s = src + (int64_t)unit * Dec::kBlockBytes;
+        const uint8_t* s = src + (int64_t)unit * kStage;
         uint8_t* d = ws_lane + stage * kStage;
 #pragma unroll
         for (int k = 0; k < kPerLane; ++k)
-          if (kPieces % 32 == 0 || k < kPerLane - 1 || lane + 32 * k < kPieces) cp_async16(d + 512 * k, s + off[k]);
+          if (kPieces % 32 == 0 || k < kPerLane - 1 || lane + 32 * k < kPieces) cp_async16(d + 512 * k, s + 512 * k);
       }
       cp_async_commit();
     };

@@ -1,6 +1,21 @@
-// The device layout of Q4_K/Q5_K weights: each block is permuted once at load
-// (repack_weight) so that a lane's bytes are contiguous. Values are untouched;
-// the header (d, dmin, 12 scale bytes) keeps its place.
+// The device layout of quantized weights, made once at load (upload_weight).
+//
+// Row tiles (Q4_K, Q5_K, Q6_K, Q8_0). The rows are stored in tiles of
+// kTileRows = 16: tile T holds block 0 of rows 16T .. 16T+15 back to back,
+// then block 1 of the same rows, and so on; the last tile is padded with
+// zero rows. So block b of row r is at
+//   (r / 16) * 16 * row_bytes + b * 16 * B + (r % 16) * B        (B: block bytes)
+// and the blocks of one row are kTileRows * B apart. Why: the matvecs give a
+// warp (or a CTA) 16 consecutive rows and walk their blocks in step; in the
+// GGUF order that is 16 pieces of B bytes a whole row (4.5 KB) apart, and on
+// the H200 such a pattern reads at 75 % of the bandwidth of one contiguous
+// stream (a DRAM page opened per piece); tiled, the 16 pieces are one run and
+// the run goes on where the previous one ended (measured: 258 against 208 us
+// for the seed's 925 MB, docs/performance.md). Float weights keep GGUF rows.
+//
+// Blocks (Q4_K, Q5_K): each block is also permuted so that a lane's bytes
+// are contiguous. Values are untouched; the header (d, dmin, 12 scale
+// bytes) keeps its place.
 //
 //   Q5_K (176 B):  [0,16) header | [16,48) qh' | [48,176) qs'
 //   Q4_K (144 B):  [0,16) header | [16,144) qs'
@@ -15,6 +30,18 @@
 #include "muser/quant_blocks.h"
 
 namespace muser::cuda {
+
+constexpr int kTileRows = 16;
+
+// Whether a weight type is stored in row tiles on the device.
+MUSER_HD bool is_tiled_type(uint32_t type) {
+  return type == (uint32_t)GgmlType::Q4_K || type == (uint32_t)GgmlType::Q5_K || type == (uint32_t)GgmlType::Q6_K ||
+         type == (uint32_t)GgmlType::Q8_0;
+}
+// Byte offset of row r's first block in the tiled layout.
+MUSER_HD int64_t tiled_row_offset(int64_t r, int64_t row_bytes, int64_t block_bytes) {
+  return (r / kTileRows) * kTileRows * row_bytes + (r % kTileRows) * block_bytes;
+}
 
 constexpr int kKQuantHeaderBytes = 16;
 constexpr int kQ5KHighBitsOffset = 16;  // qh' in a repacked Q5_K block
