@@ -186,6 +186,13 @@ def argmax(head: Any, hidden: Any) -> Union[int, np.ndarray]:
     return int(ids[0]) if ids.ndim == 1 else ids[:, 0]
 
 
+def route_seconds(head: Any, hidden: Any, reps: int) -> list[float]:
+    """Device seconds of ``reps`` runs of the head's whole route as a call launches it
+    (one CUDA graph, no events between its nodes), after one untimed call."""
+    rows, ptr, t, _ = _inputs(head, hidden)
+    return list(_core.cuda_route_seconds(head._core, rows, ptr, t, int(reps), True))
+
+
 def read_bandwidth(nbytes: int, iters: int = 20, device: int = 0) -> list[float]:
     """Seconds of each timed pass of a read-only kernel over ``nbytes`` (the read limit)."""
     return list(_core.cuda_read_bandwidth(int(nbytes), int(iters), int(device)))

@@ -4,11 +4,14 @@ PyTorch's bf16 ``F.linear``, all measured in one run on one GPU.
 The limit is a read-only kernel streaming a buffer the size of the LM-head
 weight (muser's own, ``_core.cuda_read_bandwidth``). Each route (with f32
 activations, and with ``acts="q8"``: int8 activations and integer dot
-products on the tensor cores, the quantization booked under lm_head) is timed two
-ways: *device* time, the sum of its nodes' CUDA-event times (what the
-kernels cost; ``lm_head`` is the matvec alone), and *call* time, the wall
-clock of ``head(hidden_on_gpu, on_device=True)`` including Python, launches
-and the final synchronize. Medians over ``--reps`` after ``--warmup``.
+products on the tensor cores, the quantization booked under lm_head) is timed
+three ways: *route* time, CUDA events around the route's graph as a call
+launches it (the device time of the whole head); *nodes*, the profile --
+each node between its own events (``lm_head`` is the matvec alone; events
+between nodes keep a node from overlapping the next, so the sum exceeds the
+route time); and *call* time, the wall clock of
+``head(hidden_on_gpu, on_device=True)`` including Python, the launch and the
+final synchronize. Medians over ``--reps`` after ``--warmup``.
 
 Entry points: ``python bench/cuda_head.py`` and :func:`main` (for a CLI
 wrapper such as ``python -m muser bench --device cuda``).
@@ -45,7 +48,10 @@ def _median(xs: list[float]) -> float:
 
 
 def time_route(head: Any, x_host: np.ndarray, x_dev: Any, warmup: int, reps: int) -> dict:
-    """Device time (sum of node events) and lm_head time from profile(); call time on device input."""
+    """Route time (the call's graph), node times from profile(), call time on device input."""
+    from . import _cuda
+
+    route = _median(_cuda.route_seconds(head, x_dev, reps))
     for _ in range(warmup):
         head.profile(x_host)
         head(x_dev, on_device=True)
@@ -61,8 +67,8 @@ def time_route(head: Any, x_host: np.ndarray, x_dev: Any, warmup: int, reps: int
         s = time.perf_counter()
         head(x_dev, on_device=True)
         calls.append(time.perf_counter() - s)
-    return {"device_s": _median(totals), "lm_head_s": _median(matvec), "call_s": _median(calls),
-            "nodes": {k: _median(v) for k, v in per_label.items()}}
+    return {"route_s": route, "nodes_sum_s": _median(totals), "lm_head_s": _median(matvec),
+            "call_s": _median(calls), "nodes": {k: _median(v) for k, v in per_label.items()}}
 
 
 def time_torch_linear(hidden: int, vocab: int, t: int, warmup: int, reps: int) -> Optional[float]:
@@ -158,10 +164,10 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"medians of {args.reps} after {args.warmup} warm-ups")
     print(f"read limit: {us(limit)} us ({wbytes / limit / 1e9:,.0f} GB/s); after the routes: {us(limit2)} us")
     print(f"{'route':<10} {'acts':<4} {'t':>3} {'lm_head us':>11} {'x limit':>8} {'route us':>10} {'x limit':>8} "
-          f"{'call us':>10}")
+          f"{'nodes us':>10} {'call us':>10}")
     for r in results["routes"]:
         print(f"{r['route']:<10} {r['acts']:<4} {r['t']:>3} {us(r['lm_head_s']):>11} {r['lm_head_s'] / limit:>8.3f} "
-              f"{us(r['device_s']):>10} {r['device_s'] / limit:>8.3f} {us(r['call_s']):>10}")
+              f"{us(r['route_s']):>10} {r['route_s'] / limit:>8.3f} {us(r['nodes_sum_s']):>10} {us(r['call_s']):>10}")
     for t, s in (results.get("torch_bf16_linear_s") or {}).items():
         if s is not None:
             print(f"torch bf16 F.linear t={t}: {us(s)} us ({s / limit:.3f} x the limit; reads "

@@ -185,6 +185,7 @@ class CudaDeviceImpl final : public CudaDevice {
 
   ~CudaDeviceImpl() override {
     DeviceScope scope(ordinal_);
+    graph_.reset();
     for (auto& e : events_) {
       cudaEventDestroy(e.first);
       cudaEventDestroy(e.second);
@@ -269,7 +270,11 @@ class CudaDeviceImpl final : public CudaDevice {
     acts_ = acts;
     if (acts == Acts::Q8) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
     if (!timings) {
-      for (const Node& n : nodes) enqueue(n, x, normed, logits, t);
+      // The route runs as one CUDA graph, captured once per shape and buffers
+      // and replayed: the GPU gets every node at once (no launch gaps between
+      // them) and the host pays one launch.
+      cudaGraphExec_t exec = route_graph(nodes, x, normed, logits, t);
+      check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch (route)");
       check(cudaStreamSynchronize(stream_), "the route's kernels (synchronize)");
     } else {
       // Profile: the nodes, each between two event records, are captured into a
@@ -277,32 +282,12 @@ class CudaDeviceImpl final : public CudaDevice {
       // no node's time includes the host's launch latency (which it would when
       // the GPU waits for the next launch: small nodes would look slow).
       ensure_events(nodes.size());
-      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
-      cudaGraph_t graph = nullptr;
-      try {
-        for (size_t i = 0; i < nodes.size(); ++i) {
-          check(cudaEventRecordWithFlags(events_[i].first, stream_, cudaEventRecordExternal), "cudaEventRecord");
-          enqueue(nodes[i], x, normed, logits, t);
-          check(cudaEventRecordWithFlags(events_[i].second, stream_, cudaEventRecordExternal), "cudaEventRecord");
-        }
-      } catch (...) {
-        (void)cudaStreamEndCapture(stream_, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        (void)cudaGetLastError();
-        throw;
-      }
-      check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      check(inst, "cudaGraphInstantiate (profile)");
+      cudaGraphExec_t exec = capture(nodes, x, normed, logits, t, true);
       const cudaError_t launched = cudaGraphLaunch(exec, stream_);
       const cudaError_t synced = cudaStreamSynchronize(stream_);
       cudaGraphExecDestroy(exec);
       check(launched, "cudaGraphLaunch (profile)");
       check(synced, "the route's kernels (synchronize)");
-    }
-    if (timings) {
       for (size_t i = 0; i < nodes.size(); ++i) {
         float ms = 0;
         check(cudaEventElapsedTime(&ms, events_[i].first, events_[i].second), "cudaEventElapsedTime");
@@ -311,6 +296,25 @@ class CudaDeviceImpl final : public CudaDevice {
       }
     }
     return logits_;
+  }
+
+  std::vector<double> route_seconds(const std::vector<Node>& nodes, Acts acts, const float* hidden,
+                                    bool hidden_on_device, int t, int reps) override {
+    if (reps < 1) throw ArgValueError("reps must be >= 1, got " + std::to_string(reps));
+    run_to_device(nodes, acts, hidden, hidden_on_device, t, nullptr);  // buffers, the graph, a warm-up
+    DeviceScope scope(ordinal_);
+    ensure_events(1);
+    std::vector<double> seconds;
+    for (int i = 0; i < reps; ++i) {
+      check(cudaEventRecord(events_[0].first, stream_), "cudaEventRecord");
+      check(cudaGraphLaunch(graph_.exec, stream_), "cudaGraphLaunch (route)");
+      check(cudaEventRecord(events_[0].second, stream_), "cudaEventRecord");
+      check(cudaEventSynchronize(events_[0].second), "the route's kernels (synchronize)");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, events_[0].first, events_[0].second), "cudaEventElapsedTime");
+      seconds.push_back(ms * 1e-3);
+    }
+    return seconds;
   }
 
   void topk(const float* logits, int t, int k, int64_t* ids, float* vals) override {
@@ -377,6 +381,44 @@ class CudaDeviceImpl final : public CudaDevice {
     }
   }
 
+  // The nodes captured into an executable graph (with event records around
+  // each node when `events`). Launch configurations are fixed at capture, so
+  // a graph is valid for the buffers and t it was captured with.
+  cudaGraphExec_t capture(const std::vector<Node>& nodes, const float* x, float* normed, float* logits, int t,
+                          bool events) {
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+    cudaGraph_t graph = nullptr;
+    try {
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        if (events) check(cudaEventRecordWithFlags(events_[i].first, stream_, cudaEventRecordExternal), "cudaEventRecord");
+        enqueue(nodes[i], x, normed, logits, t);
+        if (events) check(cudaEventRecordWithFlags(events_[i].second, stream_, cudaEventRecordExternal), "cudaEventRecord");
+      }
+    } catch (...) {
+      (void)cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      throw;
+    }
+    check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check(inst, "cudaGraphInstantiate");
+    return exec;
+  }
+
+  // The cached graph of the route for this call's shape and buffers (captured anew when they change).
+  cudaGraphExec_t route_graph(const std::vector<Node>& nodes, const float* x, float* normed, float* logits, int t) {
+    const RouteKey key{nodes.data(), nodes.size(), acts_, t, x, normed, logits,
+                       acts_ == Acts::Q8 ? acts_q8_.mem->ptr : nullptr};
+    if (graph_.exec && graph_.key == key) return graph_.exec;
+    graph_.reset();
+    graph_.exec = capture(nodes, x, normed, logits, t, false);
+    graph_.key = key;
+    return graph_.exec;
+  }
+
   std::unique_ptr<DeviceMemory> upload(const std::vector<float>& v, const char* what) {
     if (v.empty()) return nullptr;
     auto m = std::make_unique<DeviceMemory>(v.size() * sizeof(float), ordinal_, what);
@@ -434,6 +476,26 @@ class CudaDeviceImpl final : public CudaDevice {
   Acts acts_ = Acts::F32;  // of the call being enqueued
   std::shared_ptr<DeviceMemory> logits_;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
+  struct RouteKey {
+    const Node* nodes = nullptr;
+    size_t count = 0;
+    Acts acts = Acts::F32;
+    int t = 0;
+    const void *x = nullptr, *normed = nullptr, *logits = nullptr, *acts_q8 = nullptr;
+    bool operator==(const RouteKey& o) const {
+      return nodes == o.nodes && count == o.count && acts == o.acts && t == o.t && x == o.x && normed == o.normed &&
+             logits == o.logits && acts_q8 == o.acts_q8;
+    }
+  };
+  struct RouteGraph {
+    RouteKey key;
+    cudaGraphExec_t exec = nullptr;
+    void reset() {
+      if (exec) cudaGraphExecDestroy(exec);
+      exec = nullptr;
+    }
+    ~RouteGraph() { reset(); }
+  } graph_;
 };
 
 }  // namespace

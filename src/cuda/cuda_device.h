@@ -35,6 +35,11 @@ class CudaDevice : public Device {
   virtual std::shared_ptr<DeviceMemory> run_to_device(const std::vector<Node>& nodes, Acts acts, const float* hidden,
                                                       bool hidden_on_device, int t,
                                                       std::vector<NodeTiming>* timings) = 0;
+  // Device seconds of each of `reps` runs of the whole route as it is
+  // launched for a call (one CUDA graph; no events between its nodes), after
+  // one untimed call with the same arguments.
+  virtual std::vector<double> route_seconds(const std::vector<Node>& nodes, Acts acts, const float* hidden,
+                                            bool hidden_on_device, int t, int reps) = 0;
   // The k best logits of each of t rows of device logits [t x V] (k <= 1024),
   // best first; ids and vals are host arrays of t*k.
   virtual void topk(const float* logits, int t, int k, int64_t* ids, float* vals) = 0;

@@ -7,6 +7,7 @@
 #include "cuda_check.h"
 #include "kernels.h"
 #include "muser/canonical.h"
+#include "pdl.cuh"
 
 namespace muser::cuda {
 
@@ -16,6 +17,8 @@ enum class Op { Scale, Tanh, SoftcapFused, SoftcapReference, SoftcapCanon };
 
 template <Op kOp>
 __global__ void epilogue_kernel(float* y, int64_t n, float f0, float f1, float f2) {
+  pdl_launch_dependents();
+  pdl_wait();
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const float l = y[i];
     float out;
@@ -32,7 +35,7 @@ template <Op kOp>
 void launch_epilogue(float* y, int64_t n, float f0, float f1, float f2, cudaStream_t stream) {
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 8192);
-  if (blocks > 0) epilogue_kernel<kOp><<<(unsigned)blocks, threads, 0, stream>>>(y, n, f0, f1, f2);
+  if (blocks > 0) launch_pdl(epilogue_kernel<kOp>, dim3((unsigned)blocks), dim3(threads), 0, stream, "epilogue", y, n, f0, f1, f2);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "cuda_device.h"
 #include "matvec.cuh"
 #include "muser/dequant.h"
+#include "pdl.cuh"
 
 namespace muser::cuda {
 
@@ -76,6 +77,8 @@ __device__ int decode_reference_chunk(uint32_t type, const uint8_t* row, int64_t
 }
 
 __global__ void matvec_reference_kernel(MatvecArgs a) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (id >= a.rows * a.t) return;
   const int64_t row = id % a.rows;
@@ -98,7 +101,8 @@ __global__ void matvec_reference_kernel(MatvecArgs a) {
 void launch_matvec_reference(const MatvecArgs& a, cudaStream_t stream) {
   const int threads = 128;
   const int64_t n = a.rows * a.t;
-  matvec_reference_kernel<<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(a);
+  launch_pdl(matvec_reference_kernel, dim3((unsigned)((n + threads - 1) / threads)), dim3(threads), 0, stream,
+             "matvec_reference", a);
 }
 
 // ---- upload: GGUF rows -> the device layout (repack.cuh) ----
@@ -167,8 +171,7 @@ void launch_matvec_kernel(const void* kernel, const MatvecArgs& a, const MatvecP
   MatvecArgs args = a;
   int chunk = p.chunk_cols;
   void* params[] = {&args, &chunk};
-  check(cudaLaunchKernel(kernel, dim3((unsigned)grid), dim3(32 * warps), params, p.smem_bytes, stream),
-        "launch matvec_canon");
+  launch_pdl(kernel, dim3((unsigned)grid), dim3(32 * warps), p.smem_bytes, stream, "launch matvec_canon", params);
 }
 
 // ---- checked entries ----

@@ -38,6 +38,7 @@
 
 #include "kernels.h"
 #include "muser/quant_blocks.h"
+#include "pdl.cuh"
 #include "repack.cuh"
 
 namespace muser::cuda {
@@ -536,6 +537,8 @@ __global__ void __launch_bounds__(32 * MatvecCta<TT>::warps, MatvecCta<TT>::min_
   const bool one_chunk = units_per_chunk >= units;
   const int64_t groups = (a.rows + kWarps * R - 1) / (kWarps * R);
 
+  pdl_launch_dependents();
+  pdl_wait();  // x is the previous node's output
   if (one_chunk) {
     stage_x(xs, a, 0, chunk_cols, lane_stride);
     __syncthreads();

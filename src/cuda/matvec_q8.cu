@@ -16,6 +16,7 @@
 
 #include "cuda_check.h"
 #include "matvec_q8.cuh"
+#include "pdl.cuh"
 
 namespace muser::cuda {
 
@@ -42,6 +43,8 @@ int sm_count() {
 template <Q8Kind kKind>
 __global__ void quantize_q8_kernel(const float* x, int64_t ldx, int64_t K, int64_t pitch, int t, int8_t* xq,
                                    uint8_t* meta, int64_t meta_per_token) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t chunk = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
   const int k = blockIdx.y;
@@ -162,13 +165,16 @@ void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int
   const dim3 grid((unsigned)((pitch / 256 + warps - 1) / warps), (unsigned)t);
   switch (kind) {
     case Q8Kind::Sum32:
-      quantize_q8_kernel<Q8Kind::Sum32><<<grid, 32 * warps, 0, stream>>>(x, ldx, K, pitch, t, xq, meta, per_token);
+      launch_pdl(quantize_q8_kernel<Q8Kind::Sum32>, grid, dim3(32 * warps), 0, stream, "quantize_acts_q8", x, ldx, K,
+                 pitch, t, xq, meta, per_token);
       break;
     case Q8Kind::Sum16:
-      quantize_q8_kernel<Q8Kind::Sum16><<<grid, 32 * warps, 0, stream>>>(x, ldx, K, pitch, t, xq, meta, per_token);
+      launch_pdl(quantize_q8_kernel<Q8Kind::Sum16>, grid, dim3(32 * warps), 0, stream, "quantize_acts_q8", x, ldx, K,
+                 pitch, t, xq, meta, per_token);
       break;
     case Q8Kind::Q80:
-      quantize_q8_kernel<Q8Kind::Q80><<<grid, 32 * warps, 0, stream>>>(x, ldx, K, pitch, t, xq, meta, per_token);
+      launch_pdl(quantize_q8_kernel<Q8Kind::Q80>, grid, dim3(32 * warps), 0, stream, "quantize_acts_q8", x, ldx, K,
+                 pitch, t, xq, meta, per_token);
       break;
   }
   check_launch("quantize_acts_q8");
@@ -220,8 +226,7 @@ void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& 
   Q8Args args = a;
   int chunk = p.chunk_cols;
   void* params[] = {&args, &chunk};
-  check(cudaLaunchKernel(kernel, dim3((unsigned)grid), dim3(threads), params, p.smem_bytes, stream),
-        "launch matvec_q8");
+  launch_pdl(kernel, dim3((unsigned)grid), dim3(threads), p.smem_bytes, stream, "launch matvec_q8", params);
 }
 
 void matvec_q8(const Q8Args& a, cudaStream_t stream) {

@@ -524,6 +524,8 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
   const int x_lane = G * pitch + Dec::kLaneBytes * q;
   const int rec_lane = 2 * q * mblocks * Dec::kRec;
 
+  pdl_launch_dependents();
+  pdl_wait();  // the quantized activations are the previous kernel's output
   if (one_chunk) {
     stage_q8<Dec>(xs, ms, a, 0, chunk_cols, pitch, TT, TT);
     __syncthreads();
@@ -627,10 +629,11 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
   constexpr int kPieces = kStage / 16, kPerLane = (kPieces + 31) / 32;
   uint8_t* const ws_lane = ws + 16 * lane;
 
-  if (one_chunk) {
-    stage_q8<Dec>(xs, ms, a, 0, chunk_cols, pitch, TT, XR);
-    __syncthreads();
-  }
+  // The weight depends on no earlier node: the first group's first units are
+  // in flight before the wait for the activations (pdl.cuh). Every CTA has a
+  // first group (grid <= groups), so the barrier below is reached by all.
+  pdl_launch_dependents();
+  bool first = true;
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
     const int64_t row0 = (g * kQ8StagedWarps + warp) * kQ8RowsPerWarp;
     float acc_q[NT][4], acc_m[NT][4];
@@ -653,6 +656,14 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
     };
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) issue(s, s);
+    if (first) {
+      first = false;
+      pdl_wait();  // the quantized activations are the previous kernel's output
+      if (one_chunk) {
+        stage_q8<Dec>(xs, ms, a, 0, chunk_cols, pitch, TT, XR);
+        __syncthreads();
+      }
+    }
 
     int uc = 0;         // unit within the chunk
     int rd = 0;         // stage read this unit

@@ -15,6 +15,7 @@
 // Division and square root are IEEE (__fdiv_rn, __fsqrt_rn), as on the CPU.
 #include "cuda_check.h"
 #include "kernels.h"
+#include "pdl.cuh"
 
 namespace muser::cuda {
 
@@ -51,6 +52,8 @@ __device__ float block_dot_canon(const float* a, const float* b, int64_t n, floa
 __device__ float inv_sqrt_ieee(float v, float eps) { return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(v, eps))); }
 
 __global__ void rms_norm_ggml_kernel(const float* x, float* y, int64_t H, float eps) {
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ double partial[kNormThreads / 32];
   const float* xr = x + blockIdx.x * H;
   float* yr = y + blockIdx.x * H;
@@ -63,6 +66,8 @@ __global__ void rms_norm_ggml_kernel(const float* x, float* y, int64_t H, float 
 }
 
 __global__ void rms_norm_canon_kernel(const float* x, float* y, int64_t H, float eps) {
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ float shared[1];
   const float* xr = x + blockIdx.x * H;
   float* yr = y + blockIdx.x * H;
@@ -73,6 +78,8 @@ __global__ void rms_norm_canon_kernel(const float* x, float* y, int64_t H, float
 }
 
 __global__ void layer_norm_ggml_kernel(const float* x, float* y, int64_t H, float eps) {
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ double partial[kNormThreads / 32];
   const float* xr = x + blockIdx.x * H;
   float* yr = y + blockIdx.x * H;
@@ -91,6 +98,8 @@ __global__ void layer_norm_ggml_kernel(const float* x, float* y, int64_t H, floa
 }
 
 __global__ void layer_norm_canon_kernel(const float* x, float* y, int64_t H, float eps) {
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ float shared[1];
   const float* xr = x + blockIdx.x * H;
   float* yr = y + blockIdx.x * H;
@@ -112,6 +121,8 @@ __global__ void layer_norm_canon_kernel(const float* x, float* y, int64_t H, flo
 
 template <bool kMul>
 __global__ void rows_op_kernel(float* y, const float* v, int64_t n, int64_t total) {
+  pdl_launch_dependents();
+  pdl_wait();
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x)
     y[i] = kMul ? __fmul_rn(y[i], v[i % n]) : __fadd_rn(y[i], v[i % n]);
 }
@@ -119,13 +130,13 @@ __global__ void rows_op_kernel(float* y, const float* v, int64_t n, int64_t tota
 // ---- launchers ----
 
 void launch_rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t s) {
-  if (order == NormOrder::Ggml) rms_norm_ggml_kernel<<<t, kNormThreads, 0, s>>>(x, y, H, eps);
-  else rms_norm_canon_kernel<<<t, kNormThreads, 0, s>>>(x, y, H, eps);
+  launch_pdl(order == NormOrder::Ggml ? rms_norm_ggml_kernel : rms_norm_canon_kernel, dim3(t), dim3(kNormThreads), 0, s,
+             "rms_norm", x, y, H, eps);
 }
 
 void launch_layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t s) {
-  if (order == NormOrder::Ggml) layer_norm_ggml_kernel<<<t, kNormThreads, 0, s>>>(x, y, H, eps);
-  else layer_norm_canon_kernel<<<t, kNormThreads, 0, s>>>(x, y, H, eps);
+  launch_pdl(order == NormOrder::Ggml ? layer_norm_ggml_kernel : layer_norm_canon_kernel, dim3(t), dim3(kNormThreads),
+             0, s, "layer_norm", x, y, H, eps);
 }
 
 template <bool kMul>
@@ -133,7 +144,7 @@ void launch_rows_op(float* y, const float* v, int64_t n, int rows, cudaStream_t 
   const int64_t total = n * rows;
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 4096);
-  rows_op_kernel<kMul><<<(unsigned)blocks, threads, 0, s>>>(y, v, n, total);
+  launch_pdl(rows_op_kernel<kMul>, dim3((unsigned)blocks), dim3(threads), 0, s, "rows_op", y, v, n, total);
 }
 
 }  // namespace

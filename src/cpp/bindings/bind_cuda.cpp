@@ -191,6 +191,23 @@ void bind_cuda(nb::module_& m) {
   "Run the head's route on the GPU; returns (device ndarray of the logits, its address, profile). "
   "The logits are the head's device buffer: the next call overwrites them (unless it must grow).");
 
+  m.def("cuda_route_seconds", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t hidden_ptr,
+                                 int64_t t, int reps, bool check_finite) -> std::vector<double> {
+#ifdef MUSER_HAVE_CUDA
+    cuda::CudaDevice& dev = cuda_device_of(*h);
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(h->mutex());
+    const HiddenInput in = resolve_hidden(*h, dev, hidden, hidden_ptr, t, check_finite);
+    return dev.route_seconds(h->nodes(), h->options().acts, in.ptr, in.on_device, (int)t, reps);
+#else
+    (void)h, (void)hidden, (void)hidden_ptr, (void)t, (void)reps, (void)check_finite;
+    no_cuda_build();
+#endif
+  }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("hidden_ptr"), nb::arg("t"), nb::arg("reps"),
+  nb::arg("check_finite"),
+  "Device seconds of each of `reps` runs of the whole route, launched as for a call (one CUDA graph), "
+  "after one untimed call.");
+
   m.def("cuda_topk", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t hidden_ptr, int64_t t,
                         int k, bool check_finite) -> nb::tuple {
 #ifdef MUSER_HAVE_CUDA
