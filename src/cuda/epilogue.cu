@@ -1,5 +1,5 @@
-// The epilogue nodes over the logits, in place, one thread per logit
-// (grid-stride): scale, tanh (the platform's tanhf: CUDA's, not glibc's),
+// The epilogue nodes over the logits, in place, four logits per thread and
+// step (grid-stride): scale, tanh (the platform's tanhf: CUDA's, not glibc's),
 // the fused soft cap (divides by cap), the reference soft cap (after its own
 // scale node) and the canonical soft cap (canon_epilogue from canonical.h,
 // the same function the CPU runs, bit for bit). Each rounding is explicit
@@ -16,26 +16,40 @@ namespace {
 enum class Op { Scale, Tanh, SoftcapFused, SoftcapReference, SoftcapCanon };
 
 template <Op kOp>
+__device__ __forceinline__ float epilogue_op(float l, float f0, float f1, float f2) {
+  if constexpr (kOp == Op::Scale) return __fmul_rn(l, f0);
+  else if constexpr (kOp == Op::Tanh) return tanhf(l);
+  else if constexpr (kOp == Op::SoftcapFused) return __fmul_rn(f1, tanhf(__fdiv_rn(__fmul_rn(l, f0), f1)));
+  else if constexpr (kOp == Op::SoftcapReference) return __fmul_rn(f1, tanhf(__fmul_rn(l, f2)));
+  else return canon_epilogue(l, f0, f1, f2);
+}
+
+// Four logits per thread and step (16-byte accesses), then the n % 4 tail.
+template <Op kOp>
 __global__ void epilogue_kernel(float* y, int64_t n, float f0, float f1, float f2) {
   pdl_launch_dependents();
   pdl_wait();
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const float l = y[i];
-    float out;
-    if constexpr (kOp == Op::Scale) out = __fmul_rn(l, f0);
-    else if constexpr (kOp == Op::Tanh) out = tanhf(l);
-    else if constexpr (kOp == Op::SoftcapFused) out = __fmul_rn(f1, tanhf(__fdiv_rn(__fmul_rn(l, f0), f1)));
-    else if constexpr (kOp == Op::SoftcapReference) out = __fmul_rn(f1, tanhf(__fmul_rn(l, f2)));
-    else out = canon_epilogue(l, f0, f1, f2);
-    y[i] = out;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x, first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  float4* y4 = reinterpret_cast<float4*>(y);  // the logits buffer is a cudaMalloc allocation: 16-byte aligned
+  const int64_t n4 = n / 4;
+  for (int64_t i = first; i < n4; i += stride) {
+    float4 v = y4[i];
+    v.x = epilogue_op<kOp>(v.x, f0, f1, f2);
+    v.y = epilogue_op<kOp>(v.y, f0, f1, f2);
+    v.z = epilogue_op<kOp>(v.z, f0, f1, f2);
+    v.w = epilogue_op<kOp>(v.w, f0, f1, f2);
+    y4[i] = v;
   }
+  for (int64_t i = 4 * n4 + first; i < n; i += stride) y[i] = epilogue_op<kOp>(y[i], f0, f1, f2);
 }
 
 template <Op kOp>
 void launch_epilogue(float* y, int64_t n, float f0, float f1, float f2, cudaStream_t stream) {
   const int threads = 256;
-  const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 8192);
-  if (blocks > 0) launch_pdl(epilogue_kernel<kOp>, dim3((unsigned)blocks), dim3(threads), 0, stream, "epilogue", y, n, f0, f1, f2);
+  const int64_t blocks = std::min<int64_t>((n / 4 + threads - 1) / threads, 4096);
+  if (n > 0)
+    launch_pdl(epilogue_kernel<kOp>, dim3((unsigned)std::max<int64_t>(blocks, 1)), dim3(threads), 0, stream,
+               "epilogue", y, n, f0, f1, f2);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The final norm nodes: RMSNorm and LayerNorm (without gamma/beta, which are
-// the mul_rows/add_rows nodes), one CTA of 256 threads per hidden state.
+// the mul_rows/add_rows nodes), one CTA of 256 threads per hidden state, the
+// row staged in shared memory when it fits (load_row).
 //
 // Ggml order (routes graph, fused, reference): ggml's CPU arithmetic -- each
 // square (or value) rounded to f32, summed in double -- with the double sum
@@ -39,6 +40,7 @@ __device__ double block_sum_double(double v, double* shared /*[kNormThreads / 32
 __device__ float block_dot_canon(const float* a, const float* b, int64_t n, float* shared) {
   if (threadIdx.x < 32) {
     float acc = 0.0f;
+#pragma unroll 16  // the loads run ahead of the one dependent chain of fmaf
     for (int64_t j = threadIdx.x; j < n; j += 32) acc = fmaf(a[j], b[j], acc);
     for (int off = 16; off >= 1; off >>= 1) acc = acc + __shfl_down_sync(0xffffffffu, acc, off);
     if (threadIdx.x == 0) shared[0] = acc;
@@ -51,13 +53,28 @@ __device__ float block_dot_canon(const float* a, const float* b, int64_t n, floa
 
 __device__ float inv_sqrt_ieee(float v, float eps) { return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(v, eps))); }
 
+// The row a CTA normalizes, read once from global memory: staged into shared
+// memory when it fits (every thread's loads in flight at once; the sums and
+// the scaling read it back at shared-memory latency), else read in place.
+template <bool kStaged>
+__device__ __forceinline__ const float* load_row(const float* xr, int64_t H, float* xs) {
+  if (!kStaged) return xr;
+#pragma unroll 8
+  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) xs[j] = xr[j];
+  __syncthreads();
+  return xs;
+}
+
+template <bool kStaged>
 __global__ void rms_norm_ggml_kernel(const float* x, float* y, int64_t H, float eps) {
   pdl_launch_dependents();
   pdl_wait();
+  extern __shared__ float row_smem[];
   __shared__ double partial[kNormThreads / 32];
-  const float* xr = x + blockIdx.x * H;
+  const float* xr = load_row<kStaged>(x + blockIdx.x * H, H, row_smem);
   float* yr = y + blockIdx.x * H;
   double s = 0.0;
+#pragma unroll 8
   for (int64_t j = threadIdx.x; j < H; j += kNormThreads) s += (double)__fmul_rn(xr[j], xr[j]);
   const double sum = block_sum_double(s, partial);
   const float mean = __double2float_rn(__ddiv_rn(sum, (double)H));
@@ -65,11 +82,13 @@ __global__ void rms_norm_ggml_kernel(const float* x, float* y, int64_t H, float 
   for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(xr[j], r);
 }
 
+template <bool kStaged>
 __global__ void rms_norm_canon_kernel(const float* x, float* y, int64_t H, float eps) {
   pdl_launch_dependents();
   pdl_wait();
+  extern __shared__ float row_smem[];
   __shared__ float shared[1];
-  const float* xr = x + blockIdx.x * H;
+  const float* xr = load_row<kStaged>(x + blockIdx.x * H, H, row_smem);
   float* yr = y + blockIdx.x * H;
   const float ss = block_dot_canon(xr, xr, H, shared);
   const float mean = __fdiv_rn(ss, (float)H);
@@ -77,11 +96,13 @@ __global__ void rms_norm_canon_kernel(const float* x, float* y, int64_t H, float
   for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(xr[j], r);
 }
 
+template <bool kStaged>
 __global__ void layer_norm_ggml_kernel(const float* x, float* y, int64_t H, float eps) {
   pdl_launch_dependents();
   pdl_wait();
+  extern __shared__ float row_smem[];
   __shared__ double partial[kNormThreads / 32];
-  const float* xr = x + blockIdx.x * H;
+  const float* xr = load_row<kStaged>(x + blockIdx.x * H, H, row_smem);
   float* yr = y + blockIdx.x * H;
   double s = 0.0;
   for (int64_t j = threadIdx.x; j < H; j += kNormThreads) s += (double)xr[j];
@@ -97,14 +118,17 @@ __global__ void layer_norm_ggml_kernel(const float* x, float* y, int64_t H, floa
   for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(yr[j], r);
 }
 
+template <bool kStaged>
 __global__ void layer_norm_canon_kernel(const float* x, float* y, int64_t H, float eps) {
   pdl_launch_dependents();
   pdl_wait();
+  extern __shared__ float row_smem[];
   __shared__ float shared[1];
-  const float* xr = x + blockIdx.x * H;
+  const float* xr = load_row<kStaged>(x + blockIdx.x * H, H, row_smem);
   float* yr = y + blockIdx.x * H;
   if (threadIdx.x < 32) {  // canonical sum: 32 lane chains of plain adds, then the tree
     float acc = 0.0f;
+#pragma unroll 16
     for (int64_t j = threadIdx.x; j < H; j += 32) acc = __fadd_rn(acc, xr[j]);
     for (int off = 16; off >= 1; off >>= 1) acc = acc + __shfl_down_sync(0xffffffffu, acc, off);
     if (threadIdx.x == 0) shared[0] = acc;
@@ -120,31 +144,47 @@ __global__ void layer_norm_canon_kernel(const float* x, float* y, int64_t H, flo
 }
 
 template <bool kMul>
-__global__ void rows_op_kernel(float* y, const float* v, int64_t n, int64_t total) {
+__global__ void rows_op_kernel(float* y, const float* v, int64_t n, int rows) {
   pdl_launch_dependents();
   pdl_wait();
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x)
-    y[i] = kMul ? __fmul_rn(y[i], v[i % n]) : __fadd_rn(y[i], v[i % n]);
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const float vi = v[i];
+    for (int k = 0; k < rows; ++k) y[k * n + i] = kMul ? __fmul_rn(y[k * n + i], vi) : __fadd_rn(y[k * n + i], vi);
+  }
 }
 
 // ---- launchers ----
 
+constexpr int64_t kStagedRowBytes = 48 * 1024;  // rows up to 12,288 floats are staged (no opt-in needed)
+
+// Launches kernel<true> with the row in shared memory when it fits, else kernel<false>.
+void launch_norm(void (*staged)(const float*, float*, int64_t, float), void (*direct)(const float*, float*, int64_t, float),
+                 const char* what, const float* x, float* y, int64_t H, int t, float eps, cudaStream_t s) {
+  const int64_t row_bytes = H * (int64_t)sizeof(float);
+  if (row_bytes <= kStagedRowBytes) launch_pdl(staged, dim3(t), dim3(kNormThreads), (size_t)row_bytes, s, what, x, y, H, eps);
+  else launch_pdl(direct, dim3(t), dim3(kNormThreads), 0, s, what, x, y, H, eps);
+}
+
 void launch_rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t s) {
-  launch_pdl(order == NormOrder::Ggml ? rms_norm_ggml_kernel : rms_norm_canon_kernel, dim3(t), dim3(kNormThreads), 0, s,
-             "rms_norm", x, y, H, eps);
+  if (order == NormOrder::Ggml)
+    launch_norm(rms_norm_ggml_kernel<true>, rms_norm_ggml_kernel<false>, "rms_norm", x, y, H, t, eps, s);
+  else
+    launch_norm(rms_norm_canon_kernel<true>, rms_norm_canon_kernel<false>, "rms_norm", x, y, H, t, eps, s);
 }
 
 void launch_layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t s) {
-  launch_pdl(order == NormOrder::Ggml ? layer_norm_ggml_kernel : layer_norm_canon_kernel, dim3(t), dim3(kNormThreads),
-             0, s, "layer_norm", x, y, H, eps);
+  if (order == NormOrder::Ggml)
+    launch_norm(layer_norm_ggml_kernel<true>, layer_norm_ggml_kernel<false>, "layer_norm", x, y, H, t, eps, s);
+  else
+    launch_norm(layer_norm_canon_kernel<true>, layer_norm_canon_kernel<false>, "layer_norm", x, y, H, t, eps, s);
 }
 
 template <bool kMul>
 void launch_rows_op(float* y, const float* v, int64_t n, int rows, cudaStream_t s) {
-  const int64_t total = n * rows;
   const int threads = 256;
-  const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 4096);
-  launch_pdl(rows_op_kernel<kMul>, dim3((unsigned)blocks), dim3(threads), 0, s, "rows_op", y, v, n, total);
+  const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 4096);
+  if (n > 0 && rows > 0)
+    launch_pdl(rows_op_kernel<kMul>, dim3((unsigned)blocks), dim3(threads), 0, s, "rows_op", y, v, n, rows);
 }
 
 }  // namespace
