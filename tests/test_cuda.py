@@ -330,3 +330,46 @@ def test_on_device_needs_a_cuda_head(head_file):
     cpu = muser.Head.load(head_file("Q5_K"), device="cpu")
     with pytest.raises(ValueError, match="CUDA head"):
         cpu(hidden_states(SHAPES["Q5_K"], 1), on_device=True)
+
+
+# ---- how a call runs: the route as one cached CUDA graph with programmatic dependent launches ----
+
+def _run_logits(gpu, x, profile: bool) -> np.ndarray:
+    """The device logits of one run: profile=False is a call's path (the cached graph,
+    kernels overlapping through PDL), profile=True runs each node between its own events."""
+    nd, addr, _ = _core.cuda_run(gpu._core, x, 0, x.shape[0], False, profile, True)
+    return _core.cuda_copy_to_host(addr, x.shape[0] * gpu.spec.vocab_size).reshape(x.shape[0], -1)
+
+
+@pytest.mark.parametrize("acts", ("f32", "q8"))
+@pytest.mark.parametrize("route", ("graph", "fused", "canonical"))
+def test_call_graph_equals_node_by_node_run(head_file, route, acts):
+    # t changes between calls (the cached graph is captured anew), then repeats (replayed)
+    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts=acts)
+    for t in (1, 3, 1, 8, 8, 3):
+        x = hidden_states(SHAPES["Q5_K"], t, seed=40 + t)
+        assert_bitwise(_run_logits(gpu, x, False), _run_logits(gpu, x, True), f"{route} {acts} t={t}")
+
+
+def test_route_seconds_times_the_call_graph(head_file):
+    from muser import _cuda
+
+    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route="fused", acts="q8")
+    x = hidden_states(SHAPES["Q5_K"], 2, seed=3)
+    before = gpu(x).copy()
+    seconds = _cuda.route_seconds(gpu, x, 4)
+    assert len(seconds) == 4 and all(0 < s < 1 for s in seconds)
+    assert_bitwise(gpu(x), before, "a call after route_seconds")
+    with pytest.raises(ValueError, match="reps"):
+        _cuda.route_seconds(gpu, x, 0)
+
+
+def test_weight_larger_than_the_upload_staging_buffer(heads_dir):
+    # 70 MB of Q4_K rows go through the 64 MB staging buffer in two pieces; the tiles of the
+    # second piece, and the padded last tile (30,011 rows), must land where the kernels look
+    path = write_head_gguf(heads_dir / "big.gguf", hidden=4096, vocab=30011, weight_type="Q4_K", seed=21,
+                           random_quants=True)
+    cpu = muser.Head.load(path, device="cpu", route="canonical")
+    gpu = muser.Head.load(path, device="cuda", route="canonical")
+    x = hidden_states(4096, 2, seed=22)
+    assert_bitwise(gpu(x), cpu(x).copy(), "Q4_K 30,011 x 4,096 canonical")

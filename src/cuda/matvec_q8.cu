@@ -200,13 +200,19 @@ Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_b
   return p;
 }
 
-int q8_staged_stages(const Q8Args& a, const Q8Plan& p, int stage_bytes) {
-  if (const char* e = std::getenv("MUSER_Q8_STAGES")) return std::atoi(e);
+int q8_staged_stages(const Q8Args&, const Q8Plan& p, int stage_bytes) {
   int dev = 0, optin = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
         "cudaDeviceGetAttribute(shared memory per block)");
-  for (int s = 4; s >= 2; --s)
+  // two stages (one unit ahead per warp, 6 MB in flight over the H200) measured
+  // faster than three or four once the weight is tiled: 220.8 against 224.1
+  // and 225.9 us at t = 1, 227 against 228 us at t = 8 (docs/performance.md).
+  // MUSER_Q8_STAGES=0|2|3|4 asks for another depth, for measuring (0: the
+  // register kernel); a depth that does not fit falls to the largest that does.
+  int want = 2;
+  if (const char* e = std::getenv("MUSER_Q8_STAGES")) want = std::min(4, std::max(0, std::atoi(e)));
+  for (int s = want; s >= 2; --s)
     if (p.smem_bytes + (size_t)s * (size_t)stage_bytes <= (size_t)optin) return s;
   return 0;
 }

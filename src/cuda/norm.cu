@@ -59,8 +59,15 @@ __device__ float inv_sqrt_ieee(float v, float eps) { return __fdiv_rn(1.0f, __fs
 template <bool kStaged>
 __device__ __forceinline__ const float* load_row(const float* xr, int64_t H, float* xs) {
   if (!kStaged) return xr;
+  if (H % 4 == 0 && (reinterpret_cast<uintptr_t>(xr) & 15) == 0) {  // 16-byte loads: one round trip per thread
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    float4* s4 = reinterpret_cast<float4*>(xs);
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < H / 4; j += kNormThreads) s4[j] = x4[j];
+  } else {
 #pragma unroll 8
-  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) xs[j] = xr[j];
+    for (int64_t j = threadIdx.x; j < H; j += kNormThreads) xs[j] = xr[j];
+  }
   __syncthreads();
   return xs;
 }
