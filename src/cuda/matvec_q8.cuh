@@ -645,57 +645,68 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
   constexpr int kPieces = kStage / 16, kPerLane = (kPieces + 31) / 32;
   uint8_t* const ws_lane = ws + 16 * lane;
 
-  // The weight depends on no earlier node: the first group's first units are
-  // in flight before the wait for the activations (pdl.cuh). Every CTA has a
-  // first group (grid <= groups), so the barrier below is reached by all.
+  // A warp's work is one row tile in each of the CTA's groups (blockIdx.x,
+  // + gridDim.x, ...), unit after unit; the ring runs on across the tiles,
+  // so the next tile's first unit is in flight while the last one of the
+  // current tile computes (a drained ring at each tile cost a DRAM round
+  // trip per tile). The tile's unit u is the kStage bytes at
+  // tile_src + u * kStage, already in the [16 rows][block] order of a stage
+  // (repack.cuh; pad rows are zeros).
+  const int64_t my_groups = (groups - blockIdx.x + gridDim.x - 1) / gridDim.x;  // >= 1: grid <= groups
+  auto tile_src = [&](int64_t n) {
+    const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kQ8StagedWarps + warp) * kQ8RowsPerWarp;
+    const int64_t tile = (row0 < a.rows ? row0 : a.rows - 1) / kTileRows;
+    return a.w + tile * kTileRows * a.row_bytes + 16 * lane;
+  };
+  int64_t issue_n = 0;  // the tile and unit the next copy fetches
+  int issue_u = 0;
+  const uint8_t* issue_src = tile_src(0);
+  auto issue_next = [&](int stage) {
+    if (issue_n < my_groups) {
+      const uint8_t* src = issue_src + (int64_t)issue_u * kStage;
+      uint8_t* d = ws_lane + stage * kStage;
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k)
+        if (kPieces % 32 == 0 || k < kPerLane - 1 || lane + 32 * k < kPieces) cp_async16(d + 512 * k, src + 512 * k);
+      if (++issue_u == units) {
+        issue_u = 0;
+        if (++issue_n < my_groups) issue_src = tile_src(issue_n);
+      }
+    }
+    cp_async_commit();  // one group per call, empty or not: cp_async_wait counts them
+  };
+
+  // The weight depends on no earlier node: the first units are in flight, and
+  // the next ones on their way into L2, before the wait for the activations
+  // (pdl.cuh); every CTA reaches the barrier after it.
   pdl_launch_dependents();
-  bool first = true;
-  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
-    const int64_t row0 = (g * kQ8StagedWarps + warp) * kQ8RowsPerWarp;
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) issue_next(s);
+  const int warm = min(units - (S - 1), kQ8WarmupUnits);
+  if (lane == 0 && warm > 0) prefetch_l2_bulk(tile_src(0) - 16 * lane + (int64_t)(S - 1) * kStage, (uint32_t)(warm * kStage));
+  pdl_wait();  // the quantized activations are the previous kernel's output
+  if (one_chunk) {
+    stage_q8<Dec>(xs, ms, a, 0, chunk_cols, pitch, TT, XR);
+    __syncthreads();
+  }
+
+  int rd = 0;      // stage read this unit
+  int wr = S - 1;  // stage filled this unit
+  for (int64_t n = 0; n < my_groups; ++n) {
+    const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kQ8StagedWarps + warp) * kQ8RowsPerWarp;
     float acc_q[NT][4], acc_m[NT][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc_q[0][i] = acc_m[0][i] = 0.0f;
-
-    // the warp's 16 rows are one row tile (repack.cuh): its unit u is the kStage bytes at
-    // src + u * kStage, already in the [16 rows][block] order of a stage (pad rows are zeros)
-    const int64_t tile = (row0 < a.rows ? row0 : a.rows - 1) / kTileRows;
-    const uint8_t* src = a.w + tile * kTileRows * a.row_bytes + 16 * lane;
-    auto issue = [&](int unit, int stage) {
-      if (unit < units) {
-        const uint8_t* s = src + (int64_t)unit * kStage;
-        uint8_t* d = ws_lane + stage * kStage;
-#pragma unroll
-        for (int k = 0; k < kPerLane; ++k)
-          if (kPieces % 32 == 0 || k < kPerLane - 1 || lane + 32 * k < kPieces) cp_async16(d + 512 * k, s + 512 * k);
-      }
-      cp_async_commit();
-    };
-#pragma unroll
-    for (int s = 0; s < S - 1; ++s) issue(s, s);
-    if (first) {
-      first = false;
-      const int warm = min(units - (S - 1), kQ8WarmupUnits);
-      if (lane == 0 && warm > 0)
-        prefetch_l2_bulk(src - 16 * lane + (int64_t)(S - 1) * kStage, (uint32_t)(warm * kStage));
-      pdl_wait();  // the quantized activations are the previous kernel's output
-      if (one_chunk) {
-        stage_q8<Dec>(xs, ms, a, 0, chunk_cols, pitch, TT, XR);
-        __syncthreads();
-      }
-    }
-
-    int uc = 0;         // unit within the chunk
-    int rd = 0;         // stage read this unit
-    int wr = S - 1;     // stage filled this unit
+    int uc = 0;  // unit within the chunk
     for (int u = 0; u < units; ++u) {
       if (!one_chunk && uc == 0) {
         __syncthreads();
         stage_q8<Dec>(xs, ms, a, (int64_t)u * Dec::kUnit, chunk_cols, pitch, TT, XR);
         __syncthreads();
       }
-      cp_async_wait<S - 2>();  // this lane's pieces of unit u have landed
-      __syncwarp();            // ... and every lane's; every lane is done with stage wr (unit u - 1)
-      issue(u + S - 1, wr);
+      cp_async_wait<S - 2>();  // this lane's pieces of this unit have landed
+      __syncwarp();            // ... and every lane's; every lane is done with stage wr (the unit before)
+      issue_next(wr);
       const int mb = uc * (Dec::kUnit / Dec::kMetaCols);
       const Q8Smem sm{xs + x_lane + uc * Dec::kUnit, 8 * pitch, ms + rec_lane + mb * Dec::kRec, mblocks * Dec::kRec};
       const int blocks_left = blocks - u * (Dec::kUnit / Dec::kMetaCols);
@@ -706,9 +717,6 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
       wr = wr == S - 1 ? 0 : wr + 1;
       if (++uc == units_per_chunk) uc = 0;
     }
-    cp_async_wait<0>();
-    __syncwarp();  // every lane is done with the ring before the next group refills it
-
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int k = 2 * q + (i & 1);
@@ -716,6 +724,7 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
       if (k < a.t && row < a.rows) a.y[k * a.ldy + row] = Dec::kMins ? acc_q[0][i] - acc_m[0][i] : acc_q[0][i];
     }
   }
+  cp_async_wait<0>();  // no copy is left in flight at exit (the last ones are empty groups)
 }
 
 template <class Dec, class = void>
