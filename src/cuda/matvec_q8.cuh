@@ -35,7 +35,7 @@
 // registers of 4 same-sub-block quants, merging the fifth bits from qh' with
 // one LOP3 each. Q6_K and Q8_0 blocks (2-byte aligned) are read in 16-bit
 // halves. Loads are ld.global.nc.L1::no_allocate, one unit ahead; for t <= 8
-// Q4_K/Q5_K units go through shared memory instead (matvec_q8_staged_kernel).
+// Q4_K/Q5_K/Q8_0 units go through shared memory instead (matvec_q8_staged_kernel).
 #pragma once
 #include "kernels.h"
 #include "matvec.cuh"
@@ -210,6 +210,7 @@ template <bool kHigh>
 struct Q8DecKQuant {  // Q5_K (kHigh) or Q4_K, repacked (repack.cuh)
   static constexpr int kUnit = 256, kMetaCols = 256, kRec = 32, kLaneBytes = 8;
   static constexpr int kBlockBytes = kHigh ? 176 : 144, kBlockStride = kTileRows * kBlockBytes;
+  static constexpr int kUnitBytes = kBlockBytes;  // one block per unit
   static constexpr int kQsOffset = kHigh ? kQ5KQuantsOffset : kQ4KQuantsOffset;
   static constexpr bool kMins = true;
   struct Rows {
@@ -441,6 +442,21 @@ struct Q8DecQ80 {
         r.hi[i][s] = ld_weight_u32_a2(b + 6 + p.q8);
       }
   }
+  // the same fields from a unit staged in shared memory ([4 blocks][16 rows][34 bytes]: the
+  // unit's four 16-row slabs of the row tile, matvec_q8_staged_kernel); 2-byte aligned reads
+  static constexpr bool kStageable = true;
+  static constexpr int kUnitBytes = 4 * kBlockBytes;
+  static __device__ __forceinline__ void load_staged(Raw& r, const uint8_t* st, int G, int q) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(st + (s * kQ8RowsPerWarp + G + 8 * i) * kBlockBytes);
+        r.d[i][s] = h[0];
+        r.lo[i][s] = __byte_perm(h[1 + 4 * q], h[2 + 4 * q], 0x5410);  // bytes 2 + 8q .. 5 + 8q
+        r.hi[i][s] = __byte_perm(h[3 + 4 * q], h[4 + 4 * q], 0x5410);  // bytes 6 + 8q .. 9 + 8q
+      }
+  }
   template <int NT>
   static __device__ __forceinline__ void compute(const Raw& r, const Q8Smem& sm, int blocks_left,
                                                  float (&acc_q)[NT][4], float (&)[NT][4]) {
@@ -575,19 +591,20 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
   }
 }
 
-// ---------------------------------------------------------------- the staged kernel (t <= 8, Q4_K/Q5_K)
+// ---------------------------------------------------------------- the staged kernel (t <= 8, Q4_K/Q5_K/Q8_0)
 
 // The same computation (same Raw, same compute(), same order), but the weight
 // units travel through shared memory: each warp owns a ring of S stages of
-// one unit (16 rows x one block) filled with cp.async.cg (16 bytes, L2 only),
-// S - 1 units ahead, so the bytes in flight cost no registers (87 registers
-// against 119). A warp's rows are one row tile, so a unit is one contiguous
-// run of 16 blocks and each copy instruction reads 512 consecutive bytes
-// (the register kernel's lane-shaped loads touch 1.65 x the sectors). One CTA of kQ8StagedWarps warps
-// per SM stages the activations once. Only the tokens < t of the tile have
-// their quants staged: lanes of tokens >= t read token t - 1's (their sums are
-// never written). S: 4 when it fits (t = 1), else 3 (t = 8 on the seed head),
-// else 2, else the register kernel (q8_staged_stages).
+// one unit (16 rows x one block; Q8_0: x four blocks) filled with
+// cp.async.cg (16 bytes, L2 only), S - 1 units ahead, so the bytes in flight
+// cost no registers. A warp's rows are one row tile, so a unit is one
+// contiguous run and each copy instruction reads 512 consecutive bytes (the
+// register kernel's lane-shaped loads touch 1.65 x the sectors, and Q8_0's
+// 2-byte ones make it load-issue bound). One CTA of kQ8StagedWarps warps per
+// SM stages the activations once. Only the tokens < t of the tile have
+// their quants staged: lanes of tokens >= t read token t - 1's (their sums
+// are never written). S = 2 by default (q8_staged_stages), else the
+// register kernel when even that does not fit.
 constexpr int kQ8StagedWarps = 16;
 constexpr int kQ8StagedThreads = 32 * kQ8StagedWarps;
 
@@ -620,7 +637,7 @@ __device__ __forceinline__ void prefetch_l2_bulk(const uint8_t* p, uint32_t nbyt
 template <class Dec, int S>
 __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q8Args a, int chunk_cols) {
   constexpr int NT = 1, TT = 8;
-  constexpr int kStage = kQ8RowsPerWarp * Dec::kBlockBytes;
+  constexpr int kStage = kQ8RowsPerWarp * Dec::kUnitBytes;  // one unit of the warp's 16 rows
   static_assert(kQ8RowsPerWarp == kTileRows, "a warp's rows are one row tile");
   static_assert(S >= 2, "at least two stages");
   extern __shared__ uint4 smem_q8[];
@@ -759,7 +776,7 @@ void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
   if constexpr (Q8Stageable<Dec>::value) {
     if (a.t <= 8) {
       const Q8Plan p = plan_matvec_q8(a, 8, Dec::kMetaCols, Dec::kRec, a.t);
-      constexpr int kStage = kQ8StagedWarps * kQ8RowsPerWarp * Dec::kBlockBytes;
+      constexpr int kStage = kQ8StagedWarps * kQ8RowsPerWarp * Dec::kUnitBytes;
       const int S = q8_staged_stages(a, p, kStage);
       auto staged = [&](auto stages) {
         constexpr int kS = decltype(stages)::value;
