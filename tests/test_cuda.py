@@ -373,3 +373,17 @@ def test_weight_larger_than_the_upload_staging_buffer(heads_dir):
     gpu = muser.Head.load(path, device="cuda", route="canonical")
     x = hidden_states(4096, 2, seed=22)
     assert_bitwise(gpu(x), cpu(x).copy(), "Q4_K 30,011 x 4,096 canonical")
+
+
+@pytest.mark.parametrize("acts", ("f32", "q8"))
+def test_device_hidden_states_at_changing_addresses(head_file, acts):
+    # each new address updates the cached graph (cudaGraphExecUpdate) instead of reusing a stale pointer
+    torch = pytest.importorskip("torch")
+    cpu = muser.Head.load(head_file("Q5_K"), device="cpu", route="canonical", acts=acts)
+    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route="canonical", acts=acts)
+    xs = [hidden_states(SHAPES["Q5_K"], 2, seed=60 + i) for i in range(3)]
+    held = [torch.from_numpy(x).cuda() for x in xs]  # three live buffers: three addresses
+    for i in (0, 1, 2, 1, 0, 2):
+        assert_bitwise(gpu(held[i]), cpu(xs[i]).copy(), f"{acts} device buffer {i}")
+    for i in range(3):  # a fresh tensor per call, as a model loop might hand over
+        assert_bitwise(gpu(torch.from_numpy(xs[i]).cuda()[:1]), cpu(xs[i][:1]).copy(), f"{acts} fresh tensor {i}")

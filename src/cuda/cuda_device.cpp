@@ -386,6 +386,16 @@ class CudaDeviceImpl final : public CudaDevice {
   // a graph is valid for the buffers and t it was captured with.
   cudaGraphExec_t capture(const std::vector<Node>& nodes, const float* x, float* normed, float* logits, int t,
                           bool events) {
+    cudaGraph_t graph = capture_graph(nodes, x, normed, logits, t, events);
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check(inst, "cudaGraphInstantiate");
+    return exec;
+  }
+
+  cudaGraph_t capture_graph(const std::vector<Node>& nodes, const float* x, float* normed, float* logits, int t,
+                            bool events) {
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
     cudaGraph_t graph = nullptr;
     try {
@@ -401,20 +411,35 @@ class CudaDeviceImpl final : public CudaDevice {
       throw;
     }
     check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    check(inst, "cudaGraphInstantiate");
-    return exec;
+    return graph;
   }
 
-  // The cached graph of the route for this call's shape and buffers (captured anew when they change).
+  // The cached graph of the route for this call's shape and buffers. When
+  // they change (another t, a device hidden state at another address) the
+  // route is captured again and the executable graph updated in place --
+  // cheaper than a new instantiation -- or, when the update is refused,
+  // instantiated anew.
   cudaGraphExec_t route_graph(const std::vector<Node>& nodes, const float* x, float* normed, float* logits, int t) {
     const RouteKey key{nodes.data(), nodes.size(), acts_, t, x, normed, logits,
                        acts_ == Acts::Q8 ? acts_q8_.mem->ptr : nullptr};
     if (graph_.exec && graph_.key == key) return graph_.exec;
-    graph_.reset();
-    graph_.exec = capture(nodes, x, normed, logits, t, false);
+    cudaGraph_t graph = capture_graph(nodes, x, normed, logits, t, false);
+    if (graph_.exec) {
+      cudaGraphExecUpdateResultInfo info{};
+      const cudaError_t updated = cudaGraphExecUpdate(graph_.exec, graph, &info);
+      (void)cudaGetLastError();  // a refused update is not an error of the call
+      if (updated == cudaSuccess) {
+        cudaGraphDestroy(graph);
+        graph_.key = key;
+        return graph_.exec;
+      }
+      graph_.reset();
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check(inst, "cudaGraphInstantiate (route)");
+    graph_.exec = exec;
     graph_.key = key;
     return graph_.exec;
   }
