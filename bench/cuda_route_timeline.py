@@ -1,0 +1,38 @@
+"""The route's kernels on the GPU's own clock: torch.profiler (CUPTI) records
+each kernel's start and duration, so the overlap that programmatic dependent
+launch allows, the gap between the graph's launch and its first kernel, and
+the soft-cap tail after the matvec are visible (no nsys on the device
+machine). Three calls of the seed head (random Q5_K 202,048 x 6,656,
+acts="q8") per route, after ten warm-ups:
+
+    python bench/cuda_route_timeline.py
+
+prints, per device event: start (us from the first event), duration, the gap
+to the previous event's end (negative: overlapping) and the kernel's name.
+"""
+import json, sys
+import numpy as np, torch, muser
+from muser._cuda_bench import write_random_head
+p = "/tmp/head.gguf"
+write_random_head(p, 6656, 202048, "Q5_K")
+x = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 6656), dtype=np.float32)).cuda()
+for route in ("fused", "graph"):
+    h = muser.Head.load(p, device="cuda", route=route, acts="q8")
+    for _ in range(10):
+        h(x, on_device=True)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            h(x, on_device=True)
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(f"/tmp/trace_{route}.json")
+    ev = [e for e in json.load(open(f"/tmp/trace_{route}.json"))["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    ev.sort(key=lambda e: e["ts"])
+    print(f"== {route}: {len(ev)} device events")
+    t0 = ev[0]["ts"]
+    prev_end = None
+    for e in ev:
+        gap = "" if prev_end is None else f"gap {e['ts'] - prev_end:7.2f}"
+        print(f"{e['ts'] - t0:9.2f} +{e['dur']:8.2f}  {gap:>13}  {e['name'][:60]}")
+        prev_end = e["ts"] + e["dur"]
+    del h
