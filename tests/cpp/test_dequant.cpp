@@ -6,16 +6,11 @@
 #include <random>
 
 #include "muser/dequant.h"
+#include "random_blocks.h"
 
 namespace {
 
-template <class Block>
-Block random_block(std::mt19937& rng) {
-  Block b;
-  auto* p = reinterpret_cast<uint8_t*>(&b);
-  for (size_t i = 0; i < sizeof(Block); ++i) p[i] = (uint8_t)rng();
-  return b;
-}
+using muser_test::random_block;
 
 uint16_t small_f16(std::mt19937& rng) { return muser::f32_to_f16(std::uniform_real_distribution<float>(-0.01f, 0.01f)(rng)); }
 

@@ -9,19 +9,10 @@
 #include <set>
 
 #include "muser/dequant.h"
+#include "random_blocks.h"
 #include "repack.cuh"
 
-namespace {
-
-template <class Block>
-Block random_block(std::mt19937& rng) {
-  Block b;
-  auto* p = reinterpret_cast<uint8_t*>(&b);
-  for (size_t i = 0; i < sizeof(Block); ++i) p[i] = (uint8_t)rng();
-  return b;
-}
-
-}  // namespace
+using muser_test::random_block;
 
 TEST(DeviceLayout, Q5KRepackPlacesEveryElementAndUndoes) {
   std::mt19937 rng(5);
