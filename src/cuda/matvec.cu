@@ -8,6 +8,7 @@
 // means the same thing on every device.
 #include <algorithm>
 #include <mutex>
+#include <string>
 
 #include "cuda_check.h"
 #include "cuda_device.h"
@@ -20,13 +21,6 @@ namespace muser::cuda {
 namespace {
 
 constexpr int kTokenTile = 64;  // the largest tile: t <= 64 reads the weight once
-
-int sm_count_of_current_device() {
-  int dev = 0, sms = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SM count)");
-  return sms;
-}
 
 // ---- reference ----
 
@@ -157,21 +151,30 @@ MatvecPlan plan_matvec(const MatvecArgs& a, int unit, int rows_per_warp, int war
   return p;
 }
 
+void launch_persistent(const void* kernel, void** params, int threads, size_t smem_bytes, int64_t rows,
+                       int64_t rows_per_cta, cudaStream_t stream, const std::string& what) {
+  if (smem_bytes > 48 * 1024)
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes),
+          ("cudaFuncSetAttribute(" + what + " shared memory)").c_str());
+  int per_sm = 0, dev = 0, sms = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes),
+        ("cudaOccupancyMaxActiveBlocksPerMultiprocessor(" + what + ")").c_str());
+  if (per_sm < 1)
+    throw DeviceError(what + ": no CTA fits on this GPU with " + std::to_string(smem_bytes) + " bytes of shared memory");
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SM count)");
+  const int64_t groups = (rows + rows_per_cta - 1) / rows_per_cta;
+  const int64_t grid = std::min<int64_t>(groups, (int64_t)per_sm * sms);
+  launch_pdl(kernel, dim3((unsigned)grid), dim3(threads), smem_bytes, stream, ("launch " + what).c_str(), params);
+}
+
 void launch_matvec_kernel(const void* kernel, const MatvecArgs& a, const MatvecPlan& p, int rows_per_warp, int warps,
                           cudaStream_t stream) {
-  if (p.smem_bytes > 48 * 1024)
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem_bytes),
-          "cudaFuncSetAttribute(matvec shared memory)");
-  int per_sm = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * warps, p.smem_bytes),
-        "cudaOccupancyMaxActiveBlocksPerMultiprocessor(matvec)");
-  if (per_sm < 1) throw DeviceError("matvec: no CTA fits on this GPU with " + std::to_string(p.smem_bytes) + " bytes of shared memory");
-  const int64_t groups = (a.rows + (int64_t)warps * rows_per_warp - 1) / ((int64_t)warps * rows_per_warp);
-  const int64_t grid = std::min<int64_t>(groups, (int64_t)per_sm * sm_count_of_current_device());
   MatvecArgs args = a;
   int chunk = p.chunk_cols;
   void* params[] = {&args, &chunk};
-  launch_pdl(kernel, dim3((unsigned)grid), dim3(32 * warps), p.smem_bytes, stream, "launch matvec_canon", params);
+  launch_persistent(kernel, params, 32 * warps, p.smem_bytes, a.rows, (int64_t)warps * rows_per_warp, stream,
+                    "matvec_canon");
 }
 
 // ---- checked entries ----

@@ -35,6 +35,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <string>
 
 #include "kernels.h"
 #include "muser/quant_blocks.h"
@@ -602,6 +603,12 @@ struct MatvecPlan {
 MatvecPlan plan_matvec(const MatvecArgs& a, int unit, int rows_per_warp, int warps, size_t x_budget);
 void launch_matvec_kernel(const void* kernel, const MatvecArgs& a, const MatvecPlan& p, int rows_per_warp, int warps,
                           cudaStream_t stream);
+// Launches a persistent-grid matvec kernel (matvec.cu): as many CTAs as fit on
+// the GPU at once, at most one per group of rows_per_cta rows, after raising
+// its dynamic shared-memory limit when smem_bytes needs it. `what` names the
+// kernel in errors ("<what>: no CTA fits ...").
+void launch_persistent(const void* kernel, void** params, int threads, size_t smem_bytes, int64_t rows,
+                       int64_t rows_per_cta, cudaStream_t stream, const std::string& what);
 
 // Per-type entry points (matvec_<type>.cu): run one token tile, t <= 64.
 void matvec_canon_q5_k(const MatvecArgs& a, cudaStream_t stream);

@@ -33,13 +33,6 @@ int q8_rec_bytes(Q8Kind k) { return k == Q8Kind::Q80 ? 4 : k == Q8Kind::Sum16 ? 
 int q8_meta_cols(Q8Kind k) { return k == Q8Kind::Q80 ? 32 : 256; }
 int64_t q8_pitch(int64_t K) { return (K + 255) / 256 * 256; }
 
-int sm_count() {
-  int dev = 0, sms = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SM count)");
-  return sms;
-}
-
 template <Q8Kind kKind>
 __global__ void quantize_q8_kernel(const float* x, int64_t ldx, int64_t K, int64_t pitch, int t, int8_t* xq,
                                    uint8_t* meta, int64_t meta_per_token) {
@@ -219,20 +212,10 @@ int q8_staged_stages(const Q8Args&, const Q8Plan& p, int stage_bytes) {
 
 void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& p, cudaStream_t stream, int threads,
                              int rows_per_cta) {
-  if (p.smem_bytes > 48 * 1024)
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem_bytes),
-          "cudaFuncSetAttribute(matvec_q8 shared memory)");
-  int per_sm = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, p.smem_bytes),
-        "cudaOccupancyMaxActiveBlocksPerMultiprocessor(matvec_q8)");
-  if (per_sm < 1)
-    throw DeviceError("matvec_q8: no CTA fits on this GPU with " + std::to_string(p.smem_bytes) + " bytes of shared memory");
-  const int64_t groups = (a.rows + rows_per_cta - 1) / rows_per_cta;
-  const int64_t grid = std::min<int64_t>(groups, (int64_t)per_sm * sm_count());
   Q8Args args = a;
   int chunk = p.chunk_cols;
   void* params[] = {&args, &chunk};
-  launch_pdl(kernel, dim3((unsigned)grid), dim3(threads), p.smem_bytes, stream, "launch matvec_q8", params);
+  launch_persistent(kernel, params, threads, p.smem_bytes, a.rows, rows_per_cta, stream, "matvec_q8");
 }
 
 void matvec_q8(const Q8Args& a, cudaStream_t stream) {
