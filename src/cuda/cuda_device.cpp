@@ -451,31 +451,29 @@ class CudaDeviceImpl final : public CudaDevice {
     return m;
   }
 
-  MatvecArgs matvec_args(const float* x, int t, float* y) const {
-    MatvecArgs a;
+  // The weight and t logits rows y, for either matvec's arguments.
+  void set_weight_args(WeightArgs& a, int t, float* y) const {
     a.w = static_cast<const uint8_t*>(weight_->ptr);
     a.type = out_.type;
     a.rows = out_.rows;
     a.cols = out_.cols;
     a.row_bytes = out_.row_bytes;
-    a.x = x;
-    a.ldx = spec_.hidden;
     a.t = t;
     a.y = y;
     a.ldy = spec_.vocab;
+  }
+
+  MatvecArgs matvec_args(const float* x, int t, float* y) const {
+    MatvecArgs a;
+    set_weight_args(a, t, y);
+    a.x = x;
+    a.ldx = spec_.hidden;
     return a;
   }
 
   Q8Args q8_args(int t, float* y) const {
     Q8Args a;
-    a.w = static_cast<const uint8_t*>(weight_->ptr);
-    a.type = out_.type;
-    a.rows = out_.rows;
-    a.cols = out_.cols;
-    a.row_bytes = out_.row_bytes;
-    a.t = t;
-    a.y = y;
-    a.ldy = spec_.vocab;
+    set_weight_args(a, t, y);
     return a;
   }
 
