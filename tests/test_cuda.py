@@ -387,3 +387,16 @@ def test_device_hidden_states_at_changing_addresses(head_file, acts):
         assert_bitwise(gpu(held[i]), cpu(xs[i]).copy(), f"{acts} device buffer {i}")
     for i in range(3):  # a fresh tensor per call, as a model loop might hand over
         assert_bitwise(gpu(torch.from_numpy(xs[i]).cuda()[:1]), cpu(xs[i][:1]).copy(), f"{acts} fresh tensor {i}")
+
+
+@pytest.mark.parametrize("route", ("canonical", "graph"))
+def test_layer_norm_head_bitwise_equal_to_cpu(heads_dir, route):
+    # command-r: LayerNorm (ggml order on graph, canonical order on canonical), gamma, a logit scale
+    path = write_head_gguf(heads_dir / "command-r.gguf", arch="command-r", hidden=1280, vocab=777, weight_type="Q5_K",
+                           logit_scale=0.0625, softcap=None, tied=True, norm_bias=True, seed=31)
+    cpu = muser.Head.load(path, device="cpu", route=route)
+    gpu = muser.Head.load(path, device="cuda", route=route)
+    assert gpu.spec.norm == "layer"
+    for t in (1, 3):
+        x = hidden_states(1280, t, seed=70 + t) + np.float32(0.75)  # a mean away from zero
+        assert_bitwise(gpu(x), cpu(x).copy(), f"command-r {route} t={t}")

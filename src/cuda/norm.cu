@@ -72,82 +72,64 @@ __device__ __forceinline__ const float* load_row(const float* xr, int64_t H, flo
   return xs;
 }
 
-template <bool kStaged>
-__global__ void rms_norm_ggml_kernel(const float* x, float* y, int64_t H, float eps) {
-  pdl_launch_dependents();
-  pdl_wait();
-  extern __shared__ float row_smem[];
-  __shared__ double partial[kNormThreads / 32];
-  const float* xr = load_row<kStaged>(x + blockIdx.x * H, H, row_smem);
-  float* yr = y + blockIdx.x * H;
-  double s = 0.0;
+enum class NormKind { RmsGgml, RmsCanon, LayerGgml, LayerCanon };
+__host__ __device__ constexpr bool is_layer_norm(NormKind k) { return k == NormKind::LayerGgml || k == NormKind::LayerCanon; }
+
+// 1 / sqrt(statistic + eps) of the row xr (every thread gets it). The
+// LayerNorm kinds first write the centred row x - mean to yr.
+template <NormKind kKind>
+__device__ float norm_inv_scale(const float* xr, float* yr, int64_t H, float eps) {
+  if constexpr (kKind == NormKind::RmsGgml) {
+    __shared__ double partial[kNormThreads / 32];
+    double s = 0.0;
 #pragma unroll 8
-  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) s += (double)__fmul_rn(xr[j], xr[j]);
-  const double sum = block_sum_double(s, partial);
-  const float mean = __double2float_rn(__ddiv_rn(sum, (double)H));
-  const float r = inv_sqrt_ieee(mean, eps);
-  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(xr[j], r);
-}
-
-template <bool kStaged>
-__global__ void rms_norm_canon_kernel(const float* x, float* y, int64_t H, float eps) {
-  pdl_launch_dependents();
-  pdl_wait();
-  extern __shared__ float row_smem[];
-  __shared__ float shared[1];
-  const float* xr = load_row<kStaged>(x + blockIdx.x * H, H, row_smem);
-  float* yr = y + blockIdx.x * H;
-  const float ss = block_dot_canon(xr, xr, H, shared);
-  const float mean = __fdiv_rn(ss, (float)H);
-  const float r = inv_sqrt_ieee(mean, eps);
-  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(xr[j], r);
-}
-
-template <bool kStaged>
-__global__ void layer_norm_ggml_kernel(const float* x, float* y, int64_t H, float eps) {
-  pdl_launch_dependents();
-  pdl_wait();
-  extern __shared__ float row_smem[];
-  __shared__ double partial[kNormThreads / 32];
-  const float* xr = load_row<kStaged>(x + blockIdx.x * H, H, row_smem);
-  float* yr = y + blockIdx.x * H;
-  double s = 0.0;
-  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) s += (double)xr[j];
-  const float mean = __double2float_rn(__ddiv_rn(block_sum_double(s, partial), (double)H));
-  double v2 = 0.0;
-  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) {
-    const float v = __fsub_rn(xr[j], mean);
-    yr[j] = v;
-    v2 += (double)__fmul_rn(v, v);
-  }
-  const float variance = __double2float_rn(__ddiv_rn(block_sum_double(v2, partial), (double)H));
-  const float r = inv_sqrt_ieee(variance, eps);
-  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(yr[j], r);
-}
-
-template <bool kStaged>
-__global__ void layer_norm_canon_kernel(const float* x, float* y, int64_t H, float eps) {
-  pdl_launch_dependents();
-  pdl_wait();
-  extern __shared__ float row_smem[];
-  __shared__ float shared[1];
-  const float* xr = load_row<kStaged>(x + blockIdx.x * H, H, row_smem);
-  float* yr = y + blockIdx.x * H;
-  if (threadIdx.x < 32) {  // canonical sum: 32 lane chains of plain adds, then the tree
-    float acc = 0.0f;
+    for (int64_t j = threadIdx.x; j < H; j += kNormThreads) s += (double)__fmul_rn(xr[j], xr[j]);
+    const float mean = __double2float_rn(__ddiv_rn(block_sum_double(s, partial), (double)H));
+    return inv_sqrt_ieee(mean, eps);
+  } else if constexpr (kKind == NormKind::RmsCanon) {
+    __shared__ float shared[1];
+    return inv_sqrt_ieee(__fdiv_rn(block_dot_canon(xr, xr, H, shared), (float)H), eps);
+  } else if constexpr (kKind == NormKind::LayerGgml) {
+    __shared__ double partial[kNormThreads / 32];
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < H; j += kNormThreads) s += (double)xr[j];
+    const float mean = __double2float_rn(__ddiv_rn(block_sum_double(s, partial), (double)H));
+    double v2 = 0.0;
+    for (int64_t j = threadIdx.x; j < H; j += kNormThreads) {
+      const float v = __fsub_rn(xr[j], mean);
+      yr[j] = v;
+      v2 += (double)__fmul_rn(v, v);
+    }
+    return inv_sqrt_ieee(__double2float_rn(__ddiv_rn(block_sum_double(v2, partial), (double)H)), eps);
+  } else {
+    __shared__ float shared[1];
+    if (threadIdx.x < 32) {  // canonical sum: 32 lane chains of plain adds, then the tree
+      float acc = 0.0f;
 #pragma unroll 16
-    for (int64_t j = threadIdx.x; j < H; j += 32) acc = __fadd_rn(acc, xr[j]);
-    for (int off = 16; off >= 1; off >>= 1) acc = acc + __shfl_down_sync(0xffffffffu, acc, off);
-    if (threadIdx.x == 0) shared[0] = acc;
+      for (int64_t j = threadIdx.x; j < H; j += 32) acc = __fadd_rn(acc, xr[j]);
+      for (int off = 16; off >= 1; off >>= 1) acc = acc + __shfl_down_sync(0xffffffffu, acc, off);
+      if (threadIdx.x == 0) shared[0] = acc;
+    }
+    __syncthreads();
+    const float mean = __fdiv_rn(shared[0], (float)H);
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fsub_rn(xr[j], mean);
+    __syncthreads();  // y is read back by warp 0 below
+    return inv_sqrt_ieee(__fdiv_rn(block_dot_canon(yr, yr, H, shared), (float)H), eps);
   }
-  __syncthreads();
-  const float mean = __fdiv_rn(shared[0], (float)H);
-  __syncthreads();
-  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fsub_rn(xr[j], mean);
-  __syncthreads();  // y is read back by warp 0 below
-  const float var = __fdiv_rn(block_dot_canon(yr, yr, H, shared), (float)H);
-  const float r = inv_sqrt_ieee(var, eps);
-  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(yr[j], r);
+}
+
+// One CTA per hidden state: y = x * r (RMSNorm) or (x - mean) * r (LayerNorm).
+template <NormKind kKind, bool kStaged>
+__global__ void norm_kernel(const float* x, float* y, int64_t H, float eps) {
+  pdl_launch_dependents();
+  pdl_wait();
+  extern __shared__ float row_smem[];
+  const float* xr = load_row<kStaged>(x + blockIdx.x * H, H, row_smem);
+  float* yr = y + blockIdx.x * H;
+  const float r = norm_inv_scale<kKind>(xr, yr, H, eps);
+  const float* src = is_layer_norm(kKind) ? yr : xr;  // each thread reads back only what it wrote
+  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(src[j], r);
 }
 
 template <bool kMul>
@@ -164,26 +146,24 @@ __global__ void rows_op_kernel(float* y, const float* v, int64_t n, int rows) {
 
 constexpr int64_t kStagedRowBytes = 48 * 1024;  // rows up to 12,288 floats are staged (no opt-in needed)
 
-// Launches kernel<true> with the row in shared memory when it fits, else kernel<false>.
-void launch_norm(void (*staged)(const float*, float*, int64_t, float), void (*direct)(const float*, float*, int64_t, float),
-                 const char* what, const float* x, float* y, int64_t H, int t, float eps, cudaStream_t s) {
+// Launches the kernel with the row in shared memory when it fits, else reading it in place.
+template <NormKind kKind>
+void launch_norm(const char* what, const float* x, float* y, int64_t H, int t, float eps, cudaStream_t s) {
   const int64_t row_bytes = H * (int64_t)sizeof(float);
-  if (row_bytes <= kStagedRowBytes) launch_pdl(staged, dim3(t), dim3(kNormThreads), (size_t)row_bytes, s, what, x, y, H, eps);
-  else launch_pdl(direct, dim3(t), dim3(kNormThreads), 0, s, what, x, y, H, eps);
+  if (row_bytes <= kStagedRowBytes)
+    launch_pdl(norm_kernel<kKind, true>, dim3(t), dim3(kNormThreads), (size_t)row_bytes, s, what, x, y, H, eps);
+  else
+    launch_pdl(norm_kernel<kKind, false>, dim3(t), dim3(kNormThreads), 0, s, what, x, y, H, eps);
 }
 
 void launch_rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t s) {
-  if (order == NormOrder::Ggml)
-    launch_norm(rms_norm_ggml_kernel<true>, rms_norm_ggml_kernel<false>, "rms_norm", x, y, H, t, eps, s);
-  else
-    launch_norm(rms_norm_canon_kernel<true>, rms_norm_canon_kernel<false>, "rms_norm", x, y, H, t, eps, s);
+  if (order == NormOrder::Ggml) launch_norm<NormKind::RmsGgml>("rms_norm", x, y, H, t, eps, s);
+  else launch_norm<NormKind::RmsCanon>("rms_norm", x, y, H, t, eps, s);
 }
 
 void launch_layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t s) {
-  if (order == NormOrder::Ggml)
-    launch_norm(layer_norm_ggml_kernel<true>, layer_norm_ggml_kernel<false>, "layer_norm", x, y, H, t, eps, s);
-  else
-    launch_norm(layer_norm_canon_kernel<true>, layer_norm_canon_kernel<false>, "layer_norm", x, y, H, t, eps, s);
+  if (order == NormOrder::Ggml) launch_norm<NormKind::LayerGgml>("layer_norm", x, y, H, t, eps, s);
+  else launch_norm<NormKind::LayerCanon>("layer_norm", x, y, H, t, eps, s);
 }
 
 template <bool kMul>
