@@ -183,7 +183,8 @@ Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_b
   // as many 256-column slices as fit (at least one)
   const int64_t kpad = (a.cols + 255) / 256 * 256;
   auto bytes = [&](int64_t cols) {
-    return (size_t)x_tokens * (size_t)(cols + kQ8XPad) + (size_t)tile_tokens * (size_t)(cols / meta_cols) * (size_t)rec_bytes;
+    return (size_t)x_tokens * (size_t)(cols + kQ8XPad) +
+           (size_t)tile_tokens * (size_t)q8_rec_pitch((int)(cols / meta_cols), rec_bytes);
   };
   int64_t cols = kpad;
   while (cols > 256 && bytes(cols) > kQ8SmemBudget) cols -= 256;
