@@ -364,6 +364,19 @@ def test_route_seconds_times_the_call_graph(head_file):
         _cuda.route_seconds(gpu, x, 0)
 
 
+def test_held_timing_excludes_the_hold(head_file):
+    # held: each run waits behind a kernel that keeps the stream busy for 200 us;
+    # the timed span must start after it (a small head's route takes ~20 us)
+    from muser import _cuda
+
+    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route="graph", acts="q8")
+    x = hidden_states(SHAPES["Q5_K"], 1, seed=4)
+    held = _cuda.route_seconds(gpu, x, 5, held=True)
+    assert len(held) == 5 and all(0 < s < 150e-6 for s in held), held
+    reads = _cuda.read_bandwidth(1 << 20, 5, held=True)
+    assert len(reads) == 5 and all(0 < s < 150e-6 for s in reads), reads
+
+
 def test_weight_larger_than_the_upload_staging_buffer(heads_dir):
     # 70 MB of Q4_K rows go through the 64 MB staging buffer in two pieces; the tiles of the
     # second piece, and the padded last tile (30,011 rows), must land where the kernels look

@@ -186,13 +186,19 @@ def argmax(head: Any, hidden: Any) -> Union[int, np.ndarray]:
     return int(ids[0]) if ids.ndim == 1 else ids[:, 0]
 
 
-def route_seconds(head: Any, hidden: Any, reps: int) -> list[float]:
+def route_seconds(head: Any, hidden: Any, reps: int, held: bool = False) -> list[float]:
     """Device seconds of ``reps`` runs of the head's whole route as a call launches it
-    (one CUDA graph, no events between its nodes), after one untimed call."""
+    (one CUDA graph, no events between its nodes), after one untimed call.
+
+    With ``held``, each run is enqueued behind a kernel that keeps the stream busy
+    for 200 us, so the start event and the graph reach an already busy GPU: the time
+    is the GPU's alone, without the host's launch latency (nvbench's method).
+    """
     rows, ptr, t, _ = _inputs(head, hidden)
-    return list(_core.cuda_route_seconds(head._core, rows, ptr, t, int(reps), True))
+    return list(_core.cuda_route_seconds(head._core, rows, ptr, t, int(reps), True, bool(held)))
 
 
-def read_bandwidth(nbytes: int, iters: int = 20, device: int = 0) -> list[float]:
-    """Seconds of each timed pass of a read-only kernel over ``nbytes`` (the read limit)."""
-    return list(_core.cuda_read_bandwidth(int(nbytes), int(iters), int(device)))
+def read_bandwidth(nbytes: int, iters: int = 20, device: int = 0, held: bool = False) -> list[float]:
+    """Seconds of each timed pass of a read-only kernel over ``nbytes`` (the read limit);
+    ``held`` as in route_seconds."""
+    return list(_core.cuda_read_bandwidth(int(nbytes), int(iters), int(device), bool(held)))

@@ -6,7 +6,11 @@ weight (muser's own, ``_core.cuda_read_bandwidth``). Each route (with f32
 activations, and with ``acts="q8"``: int8 activations and integer dot
 products on the tensor cores, the quantization booked under lm_head) is timed
 three ways: *route* time, CUDA events around the route's graph as a call
-launches it (the device time of the whole head); *nodes*, the profile --
+launches it (the device time of the whole head, the host's launch latency
+included since the GPU is idle when the start event is recorded); *GPU*, the
+same events with each run enqueued behind a kernel that holds the stream
+(nvbench's method: no host latency; the read limit is also measured this
+way, for the *x GPU limit* ratio); *nodes*, the profile --
 each node between its own events (``lm_head`` is the matvec alone; events
 between nodes keep a node from overlapping the next, so the sum exceeds the
 route time); and *call* time, the wall clock of
@@ -52,6 +56,7 @@ def time_route(head: Any, x_host: np.ndarray, x_dev: Any, warmup: int, reps: int
     from . import _cuda
 
     route = _median(_cuda.route_seconds(head, x_dev, reps))
+    route_held = _median(_cuda.route_seconds(head, x_dev, reps, held=True))
     for _ in range(warmup):
         head.profile(x_host)
         head(x_dev, on_device=True)
@@ -67,7 +72,7 @@ def time_route(head: Any, x_host: np.ndarray, x_dev: Any, warmup: int, reps: int
         s = time.perf_counter()
         head(x_dev, on_device=True)
         calls.append(time.perf_counter() - s)
-    return {"route_s": route, "nodes_sum_s": _median(totals), "lm_head_s": _median(matvec),
+    return {"route_s": route, "route_held_s": route_held, "nodes_sum_s": _median(totals), "lm_head_s": _median(matvec),
             "call_s": _median(calls), "nodes": {k: _median(v) for k, v in per_label.items()}}
 
 
@@ -139,6 +144,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     results["weight_bytes"] = wbytes
     limit = _median(_core.cuda_read_bandwidth(wbytes, args.reps, ordinal))
     results["read_limit_s"] = limit
+    limit_held = _median(_core.cuda_read_bandwidth(wbytes, args.reps, ordinal, True))
+    results["read_limit_held_s"] = limit_held
 
     import torch  # the device hidden states (torch is on the device machines; cupy would do too)
 
@@ -162,12 +169,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"muser CUDA head bench: {desc}")
     print(f"LM head {args.weight_type} [{args.vocab:,} x {args.hidden:,}] = {wbytes:,} bytes; "
           f"medians of {args.reps} after {args.warmup} warm-ups")
-    print(f"read limit: {us(limit)} us ({wbytes / limit / 1e9:,.0f} GB/s); after the routes: {us(limit2)} us")
+    print(f"read limit: {us(limit)} us ({wbytes / limit / 1e9:,.0f} GB/s); after the routes: {us(limit2)} us; "
+          f"GPU (held): {us(limit_held)} us")
     print(f"{'route':<10} {'acts':<4} {'t':>3} {'lm_head us':>11} {'x limit':>8} {'route us':>10} {'x limit':>8} "
-          f"{'nodes us':>10} {'call us':>10}")
+          f"{'GPU us':>9} {'x GPU limit':>11} {'nodes us':>10} {'call us':>10}")
     for r in results["routes"]:
         print(f"{r['route']:<10} {r['acts']:<4} {r['t']:>3} {us(r['lm_head_s']):>11} {r['lm_head_s'] / limit:>8.3f} "
-              f"{us(r['route_s']):>10} {r['route_s'] / limit:>8.3f} {us(r['nodes_sum_s']):>10} {us(r['call_s']):>10}")
+              f"{us(r['route_s']):>10} {r['route_s'] / limit:>8.3f} {us(r['route_held_s']):>9} "
+              f"{r['route_held_s'] / limit_held:>11.3f} {us(r['nodes_sum_s']):>10} {us(r['call_s']):>10}")
     for t, s in (results.get("torch_bf16_linear_s") or {}).items():
         if s is not None:
             print(f"torch bf16 F.linear t={t}: {us(s)} us ({s / limit:.3f} x the limit; reads "

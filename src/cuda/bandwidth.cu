@@ -33,7 +33,22 @@ __global__ void __launch_bounds__(kReadThreads) read_bandwidth_kernel(const uint
   if (threadIdx.x == 0) sink[blockIdx.x] = acc;
 }
 
+// Spins (sleeping between looks at the global timer) for `nanoseconds`.
+__global__ void hold_kernel(unsigned long long nanoseconds) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+
 }  // namespace
+
+void hold_stream(cudaStream_t stream, unsigned microseconds) {
+  hold_kernel<<<1, 1, 0, stream>>>(1000ull * microseconds);
+  check_launch("hold_stream");
+}
 
 int read_bandwidth_sink_words(int ordinal) {
   int sms = 0;

@@ -123,7 +123,7 @@ void copy_to_host(const void* src, void* dst, size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
 }
 
-std::vector<double> read_bandwidth_seconds(size_t nbytes, int iters, int ordinal) {
+std::vector<double> read_bandwidth_seconds(size_t nbytes, int iters, int ordinal, bool held) {
   if (iters < 1) throw ArgValueError("iters must be >= 1, got " + std::to_string(iters));
   if (nbytes < 16) throw ArgValueError("nbytes must be >= 16, got " + std::to_string(nbytes));
   DeviceScope scope(ordinal);
@@ -141,6 +141,7 @@ std::vector<double> read_bandwidth_seconds(size_t nbytes, int iters, int ordinal
     check(cudaEventCreate(&stop), "cudaEventCreate");
     for (int i = 0; i < 2; ++i) read_bandwidth(buf.ptr, nbytes, static_cast<unsigned*>(sink.ptr), sink_words, stream);
     for (int i = 0; i < iters; ++i) {
+      if (held) hold_stream(stream, kHoldMicroseconds);
       check(cudaEventRecord(start, stream), "cudaEventRecord");
       read_bandwidth(buf.ptr, nbytes, static_cast<unsigned*>(sink.ptr), sink_words, stream);
       check(cudaEventRecord(stop, stream), "cudaEventRecord");
@@ -299,13 +300,14 @@ class CudaDeviceImpl final : public CudaDevice {
   }
 
   std::vector<double> route_seconds(const std::vector<Node>& nodes, Acts acts, const float* hidden,
-                                    bool hidden_on_device, int t, int reps) override {
+                                    bool hidden_on_device, int t, int reps, bool held) override {
     if (reps < 1) throw ArgValueError("reps must be >= 1, got " + std::to_string(reps));
     run_to_device(nodes, acts, hidden, hidden_on_device, t, nullptr);  // buffers, the graph, a warm-up
     DeviceScope scope(ordinal_);
     ensure_events(1);
     std::vector<double> seconds;
     for (int i = 0; i < reps; ++i) {
+      if (held) hold_stream(stream_, kHoldMicroseconds);
       check(cudaEventRecord(events_[0].first, stream_), "cudaEventRecord");
       check(cudaGraphLaunch(graph_.exec, stream_), "cudaGraphLaunch (route)");
       check(cudaEventRecord(events_[0].second, stream_), "cudaEventRecord");

@@ -37,9 +37,10 @@ class CudaDevice : public Device {
                                                       std::vector<NodeTiming>* timings) = 0;
   // Device seconds of each of `reps` runs of the whole route as it is
   // launched for a call (one CUDA graph; no events between its nodes), after
-  // one untimed call with the same arguments.
+  // one untimed call with the same arguments. held: each run is enqueued
+  // behind hold_stream, so its time excludes the host's launch latency.
   virtual std::vector<double> route_seconds(const std::vector<Node>& nodes, Acts acts, const float* hidden,
-                                            bool hidden_on_device, int t, int reps) = 0;
+                                            bool hidden_on_device, int t, int reps, bool held) = 0;
   // The k best logits of each of t rows of device logits [t x V] (k <= 1024),
   // best first; ids and vals are host arrays of t*k.
   virtual void topk(const float* logits, int t, int k, int64_t* ids, float* vals) = 0;
@@ -55,8 +56,9 @@ int device_count() noexcept;
 std::string no_device_reason();
 // The device ordinal that owns a pointer, or -1 when it is not device memory.
 int pointer_device(const void* p);
-// Seconds of each of `iters` timed passes of the read kernel over nbytes.
-std::vector<double> read_bandwidth_seconds(size_t nbytes, int iters, int ordinal);
+// Seconds of each of `iters` timed passes of the read kernel over nbytes
+// (held: each enqueued behind hold_stream, as route_seconds).
+std::vector<double> read_bandwidth_seconds(size_t nbytes, int iters, int ordinal, bool held);
 // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
 std::string device_description(int ordinal);
 // Synchronous copy of bytes of device memory (any visible GPU) to host memory.

@@ -96,5 +96,10 @@ void find_nonfinite(const float* x, int64_t n, unsigned long long* first_bad, cu
 // Reads nbytes from buf once with 16-byte loads over the whole GPU; sink gets one word per block.
 void read_bandwidth(const void* buf, size_t nbytes, unsigned* sink, int sink_words, cudaStream_t stream);
 int read_bandwidth_sink_words(int ordinal);
+// Keeps a stream busy for about `microseconds` (one spinning thread), so that
+// work enqueued behind it starts back to back, free of the host's launch
+// latency: how the benches time GPU work alone ("held"), as nvbench does.
+void hold_stream(cudaStream_t stream, unsigned microseconds);
+constexpr unsigned kHoldMicroseconds = 200;
 
 }  // namespace muser::cuda

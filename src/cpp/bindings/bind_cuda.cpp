@@ -143,16 +143,17 @@ void bind_cuda(nb::module_& m) {
 #endif
   }, nb::arg("device") = 0);
 
-  m.def("cuda_read_bandwidth", [](uint64_t nbytes, int iters, int ordinal) -> std::vector<double> {
+  m.def("cuda_read_bandwidth", [](uint64_t nbytes, int iters, int ordinal, bool held) -> std::vector<double> {
 #ifdef MUSER_HAVE_CUDA
     nb::gil_scoped_release release;
-    return cuda::read_bandwidth_seconds((size_t)nbytes, iters, ordinal);
+    return cuda::read_bandwidth_seconds((size_t)nbytes, iters, ordinal, held);
 #else
-    (void)nbytes, (void)iters, (void)ordinal;
+    (void)nbytes, (void)iters, (void)ordinal, (void)held;
     no_cuda_build();
 #endif
-  }, nb::arg("nbytes"), nb::arg("iters"), nb::arg("device") = 0,
-  "Seconds of each of `iters` passes of a read-only kernel over an nbytes buffer (the read limit).");
+  }, nb::arg("nbytes"), nb::arg("iters"), nb::arg("device") = 0, nb::arg("held") = false,
+  "Seconds of each of `iters` passes of a read-only kernel over an nbytes buffer (the read limit); "
+  "held: each pass enqueued behind a kernel that holds the stream, so no host launch latency is timed.");
 
   m.def("cuda_run", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t hidden_ptr, int64_t t,
                        bool squeeze, bool profile, bool check_finite) -> nb::tuple {
@@ -192,21 +193,21 @@ void bind_cuda(nb::module_& m) {
   "The logits are the head's device buffer: the next call overwrites them (unless it must grow).");
 
   m.def("cuda_route_seconds", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t hidden_ptr,
-                                 int64_t t, int reps, bool check_finite) -> std::vector<double> {
+                                 int64_t t, int reps, bool check_finite, bool held) -> std::vector<double> {
 #ifdef MUSER_HAVE_CUDA
     cuda::CudaDevice& dev = cuda_device_of(*h);
     nb::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(h->mutex());
     const HiddenInput in = resolve_hidden(*h, dev, hidden, hidden_ptr, t, check_finite);
-    return dev.route_seconds(h->nodes(), h->options().acts, in.ptr, in.on_device, (int)t, reps);
+    return dev.route_seconds(h->nodes(), h->options().acts, in.ptr, in.on_device, (int)t, reps, held);
 #else
-    (void)h, (void)hidden, (void)hidden_ptr, (void)t, (void)reps, (void)check_finite;
+    (void)h, (void)hidden, (void)hidden_ptr, (void)t, (void)reps, (void)check_finite, (void)held;
     no_cuda_build();
 #endif
   }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("hidden_ptr"), nb::arg("t"), nb::arg("reps"),
-  nb::arg("check_finite"),
+  nb::arg("check_finite"), nb::arg("held") = false,
   "Device seconds of each of `reps` runs of the whole route, launched as for a call (one CUDA graph), "
-  "after one untimed call.");
+  "after one untimed call; held: each run enqueued behind a kernel that holds the stream.");
 
   m.def("cuda_topk", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t hidden_ptr, int64_t t,
                         int k, bool check_finite) -> nb::tuple {
