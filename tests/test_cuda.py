@@ -278,6 +278,19 @@ def test_q8_bitwise_equal_to_cpu_when_columns_are_staged_in_chunks(heads_dir, we
         assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 wide t={t}")
 
 
+@pytest.mark.parametrize("weight_type,hidden,t", [("Q5_K", 16384, 8), ("Q8_0", 16384, 7), ("Q5_K", 98304, 1)])
+def test_q8_staged_kernel_bitwise_equal_to_cpu_with_column_chunks(heads_dir, weight_type, hidden, t):
+    # t <= 8 runs the staged kernel; these widths overflow its 100 KB of staged quants and
+    # records, so it stages column chunks (the records at their padded pitch, from a chunk's
+    # first block on); t = 1 is its one-token variant
+    path = write_head_gguf(heads_dir / f"q8-staged-{weight_type}-{hidden}.gguf", hidden=hidden, vocab=300,
+                           weight_type=weight_type, seed=14, random_quants=True)
+    cpu = muser.Head.load(path, device="cpu", route="graph", acts="q8", softcap=None, logit_scale=None)
+    gpu = muser.Head.load(path, device="cuda", route="graph", acts="q8", softcap=None, logit_scale=None)
+    x = hidden_states(hidden, t, seed=hidden + t)
+    assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 staged H={hidden} t={t}")
+
+
 @pytest.mark.parametrize("route", ("graph", "fused", "reference"))
 def test_q8_pre_epilogue_logits_bitwise_equal_to_cpu(head_file, route):
     path = head_file("Q5_K")
