@@ -22,22 +22,18 @@ from typing import Callable
 
 import numpy as np
 
+from gpu_sampling import GpuSampler
+
 
 def loop_and_sample(tag: str, work: Callable[[], list], seconds: float) -> None:
-    mon = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                            "-lms", "50"], stdout=subprocess.PIPE, text=True)
     t0, times, reasons = time.time(), [], None
-    while time.time() - t0 < seconds:
-        times += work()
-        if reasons is None and time.time() - t0 > seconds / 2:
-            q = subprocess.run(["nvidia-smi", "-q", "-d", "PERFORMANCE"], capture_output=True, text=True).stdout
-            reasons = [line.split(":")[0].strip() for line in q.splitlines() if line.strip().endswith(": Active")]
-    mon.terminate()
-    lines = mon.communicate()[0].strip().splitlines()[4:-1]  # drop the ramp at both ends
-    clocks = [float(line.split(",")[0]) for line in lines]
-    watts = [float(line.split(",")[1]) for line in lines]
-    print(f"{tag:<28} median {statistics.median(times) * 1e6:7.1f} us   SM clock mean {statistics.mean(clocks):5.0f} "
-          f"MHz (min {min(clocks):5.0f})   power mean {statistics.mean(watts):4.0f} W (max {max(watts):4.0f})   "
+    with GpuSampler() as s:
+        while time.time() - t0 < seconds:
+            times += work()
+            if reasons is None and time.time() - t0 > seconds / 2:
+                q = subprocess.run(["nvidia-smi", "-q", "-d", "PERFORMANCE"], capture_output=True, text=True).stdout
+                reasons = [line.split(":")[0].strip() for line in q.splitlines() if line.strip().endswith(": Active")]
+    print(f"{tag:<28} median {statistics.median(times) * 1e6:7.1f} us   {s.summary()}   "
           f"active clock-event reasons: {', '.join(reasons or []) or 'none'}")
 
 

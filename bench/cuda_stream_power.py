@@ -11,23 +11,13 @@ variants.
 """
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 
+from gpu_sampling import GpuSampler
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def sample_while(cmd: list[str]) -> tuple[str, list[float], list[float]]:
-    mon = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                            "-lms", "50"], stdout=subprocess.PIPE, text=True)
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
-    mon.terminate()
-    lines = mon.communicate()[0].strip().splitlines()[4:-1]  # drop the ramp at both ends
-    clocks = [float(line.split(",")[0]) for line in lines]
-    watts = [float(line.split(",")[1]) for line in lines]
-    return out, clocks, watts
 
 
 def main() -> int:
@@ -46,9 +36,9 @@ def main() -> int:
         names = [n for n in names if n in args.only.split(",")]
     print(f"each alone for {args.seconds:g} s, nvidia-smi every 50 ms:")
     for name in names:
-        out, clocks, watts = sample_while([exe, name, str(args.seconds)])
-        print(f"{out}   SM clock mean {statistics.mean(clocks):5.0f} MHz (min {min(clocks):4.0f})   "
-              f"power mean {statistics.mean(watts):4.0f} W (max {max(watts):4.0f})")
+        with GpuSampler() as s:
+            out = subprocess.run([exe, name, str(args.seconds)], capture_output=True, text=True, check=True).stdout
+        print(f"{out.strip()}   {s.summary()}")
     return 0
 
 
