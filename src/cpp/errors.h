@@ -14,6 +14,10 @@ struct Error : std::runtime_error {
 struct GGUFError : Error {
   using Error::Error;
 };
+// The path does not exist (Python: muser.GGUFError that is also a FileNotFoundError).
+struct GGUFNotFound : GGUFError {
+  using GGUFError::GGUFError;
+};
 // A well-formed file that lacks what the head needs, or a bad override.
 struct SpecError : Error {
   using Error::Error;

@@ -37,6 +37,7 @@ constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr int kMaxArrayDepth = 8;        // arrays of arrays deeper than this are rejected
 constexpr uint32_t kMaxDims = 4;         // GGML_MAX_DIMS
 constexpr uint64_t kDefaultAlignment = 32;
+constexpr uint64_t kMinAlignment = 8;
 // Smallest possible encodings, used to reject counts the remaining bytes cannot hold.
 constexpr uint64_t kMinKVBytes = 8 + 1 + 4 + 1;              // key len, 1-byte key, type, 1-byte value
 constexpr uint64_t kMinTensorInfoBytes = 8 + 1 + 4 + 8 + 4 + 8;  // name len, name, n_dims, 1 dim, type, offset
@@ -328,7 +329,7 @@ double GGUFValue::as_double() const {
     case GGUFType::FLOAT32: return load<float>(data);
     case GGUFType::FLOAT64: return load<double>(data);
     case GGUFType::UINT64: return static_cast<double>(as_uint());
-    default: return static_cast<double>(as_int());
+    default: return static_cast<double>(as_int());  // integers; anything else throws there
   }
 }
 
@@ -343,9 +344,10 @@ int64_t GGUFValue::as_int() const {
     case GGUFType::UINT64: return static_cast<int64_t>(load<uint64_t>(data));
     case GGUFType::INT64: return load<int64_t>(data);
     case GGUFType::BOOL: return load<uint8_t>(data) != 0;
-    case GGUFType::FLOAT32: return static_cast<int64_t>(load<float>(data));
-    case GGUFType::FLOAT64: return static_cast<int64_t>(load<double>(data));
-    default: return 0;
+    default:
+      // a float has no exact integer value in general (and one out of range
+      // would be undefined behaviour to convert): callers ask as_double
+      throw SpecError(std::string("GGUF value of type ") + gguf_type_name(type) + " read as an integer");
   }
 }
 
@@ -439,21 +441,76 @@ int64_t GGUFTensorInfo::row_bytes() const {
 
 // ---------------------------------------------------------------- GGUFFile
 
-std::shared_ptr<GGUFFile> GGUFFile::open(const std::string& path) {
+std::shared_ptr<GGUFFile> GGUFFile::open(const std::string& path, Load how) {
   std::shared_ptr<GGUFFile> f(new GGUFFile());
   f->path_ = path;
-  f->map(path);
+  f->map(path, how);
+  f->parse();
+  return f;
+}
+
+std::shared_ptr<GGUFFile> GGUFFile::from_bytes(const std::string& name, const uint8_t* data, size_t size) {
+  std::shared_ptr<GGUFFile> f(new GGUFFile());
+  f->path_ = name;
+  f->file_size_ = size;
+  if (size > 0) {
+    uint8_t* p = f->anonymous(size);
+    std::memcpy(p, data, size);
+    f->seal();
+  }
   f->parse();
   return f;
 }
 
 GGUFFile::~GGUFFile() {
   if (base_) ::munmap(const_cast<uint8_t*>(base_), static_cast<size_t>(file_size_));
+  if (fd_ >= 0) ::close(fd_);
 }
 
-void GGUFFile::map(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw GGUFError(path + ": cannot open: " + std::strerror(errno));
+uint8_t* GGUFFile::anonymous(uint64_t size) {
+  // page-aligned like a file mapping, so tensor addresses keep the file's alignment
+  void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    throw GGUFError(path_ + ": cannot allocate " + std::to_string(size) + " bytes for a private copy: " +
+                    std::strerror(errno));
+  base_ = static_cast<const uint8_t*>(p);
+  return static_cast<uint8_t*>(p);
+}
+
+void GGUFFile::seal() {
+  ::mprotect(const_cast<uint8_t*>(base_), static_cast<size_t>(file_size_), PROT_READ);
+}
+
+namespace {
+
+FileIdentity identity_of(const struct stat& st) {
+  FileIdentity id;
+  id.device = static_cast<uint64_t>(st.st_dev);
+  id.inode = static_cast<uint64_t>(st.st_ino);
+  id.size = static_cast<uint64_t>(st.st_size);
+#if defined(__APPLE__)
+  id.mtime_ns = (int64_t)st.st_mtimespec.tv_sec * 1000000000 + st.st_mtimespec.tv_nsec;
+  id.ctime_ns = (int64_t)st.st_ctimespec.tv_sec * 1000000000 + st.st_ctimespec.tv_nsec;
+#else
+  id.mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+  id.ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
+#endif
+  return id;
+}
+
+}  // namespace
+
+void GGUFFile::map(const std::string& path, Load how) {
+  if (path.find('\0') != std::string::npos)
+    throw GGUFError("the path " + quoted(path.substr(0, path.find('\0'))) + "... holds a NUL byte");
+  // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; a
+  // regular file ignores the flag.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) throw GGUFNotFound(path + ": cannot open: " + std::strerror(err));
+    throw GGUFError(path + ": cannot open: " + std::strerror(err));
+  }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
@@ -462,19 +519,60 @@ void GGUFFile::map(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw GGUFError(path + ": not a regular file");
+    const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" :
+                       S_ISSOCK(st.st_mode) ? "a socket" : S_ISCHR(st.st_mode) ? "a character device" :
+                       S_ISBLK(st.st_mode) ? "a block device" : "not a regular file";
+    throw GGUFError(path + ": is " + std::string(kind) + ", expected a regular GGUF file");
   }
+  identity_ = identity_of(st);
   file_size_ = static_cast<uint64_t>(st.st_size);
-  if (file_size_ > 0) {  // mmap of 0 bytes fails; parse() then reports the empty file
-    void* p = ::mmap(nullptr, static_cast<size_t>(file_size_), PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      throw GGUFError(path + ": cannot mmap " + std::to_string(file_size_) + " bytes: " + std::strerror(err));
-    }
-    base_ = static_cast<const uint8_t*>(p);
+  if (file_size_ == 0) {  // mmap of 0 bytes fails; parse() then reports the empty file
+    ::close(fd);
+    return;
   }
-  ::close(fd);  // the mapping keeps the file open
+  if (how == Load::Copy) {
+    uint8_t* p = anonymous(file_size_);
+    uint64_t got = 0;
+    while (got < file_size_) {
+      const ssize_t n = ::pread(fd, p + got, static_cast<size_t>(std::min<uint64_t>(file_size_ - got, 1u << 30)),
+                                static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = n < 0 ? errno : 0;
+        ::close(fd);
+        throw GGUFError(path + ": read " + std::to_string(got) + " of " + std::to_string(file_size_) +
+                        " bytes: " + (err ? std::strerror(err) : "the file shrank while it was read"));
+      }
+      got += static_cast<uint64_t>(n);
+    }
+    ::close(fd);
+    seal();
+    return;
+  }
+  void* p = ::mmap(nullptr, static_cast<size_t>(file_size_), PROT_READ, MAP_PRIVATE, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd);
+    throw GGUFError(path + ": cannot mmap " + std::to_string(file_size_) + " bytes: " + std::strerror(err));
+  }
+  base_ = static_cast<const uint8_t*>(p);
+  fd_ = fd;  // kept to check the mapped file's identity before each use (check_unchanged)
+}
+
+void GGUFFile::check_unchanged() const {
+  if (fd_ < 0) return;  // a private copy, or bytes: nothing can change under it
+  struct stat st;
+  if (::fstat(fd_, &st) != 0)
+    throw GGUFError(path_ + ": cannot stat the mapped file: " + std::strerror(errno));
+  const FileIdentity now = identity_of(st);
+  if (now == identity_) return;
+  std::string what = now.size != identity_.size
+                         ? "its size went from " + std::to_string(identity_.size) + " to " + std::to_string(now.size) +
+                               " bytes"
+                         : "it was modified (mtime or ctime changed)";
+  throw GGUFError(path_ + ": the file changed after it was loaded (" + what +
+                  "); the mapped weights may no longer be what was validated. Load it again, or load with "
+                  "mmap=False for a private copy");
 }
 
 void GGUFFile::parse() {
@@ -534,9 +632,13 @@ void GGUFFile::parse() {
     if (a->type != GGUFType::UINT32)
       r.fail(type_at, "bad alignment: general.alignment has type " + a->type_name() + ", expected UINT32");
     const uint64_t v = a->value.as_uint();
-    if (v == 0 || (v & (v - 1)) != 0)
+    // The GGUF specification: a multiple of 8. With a power of two >= 8 every
+    // tensor starts 8-byte aligned in the (page-aligned) mapping, so the
+    // kernels' 2- and 4-byte block fields are never read at odd addresses.
+    if (v < kMinAlignment || (v & (v - 1)) != 0)
       r.fail(a->offset, "bad alignment: general.alignment is " + std::to_string(v) +
-                            ", expected a non-zero power of two");
+                            ", expected a power of two >= " + std::to_string(kMinAlignment) +
+                            " (the GGUF specification: a multiple of 8)");
     alignment_ = v;
   } else {
     alignment_ = kDefaultAlignment;

@@ -112,11 +112,29 @@ struct GGUFTensorInfo {
   int64_t row_bytes() const;
 };
 
+// What identifies the bytes behind a mapping: a change of any field after
+// load means the mapped weights may no longer be what was validated.
+struct FileIdentity {
+  uint64_t device = 0, inode = 0, size = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
+  bool operator==(const FileIdentity& o) const {
+    return device == o.device && inode == o.inode && size == o.size && mtime_ns == o.mtime_ns &&
+           ctime_ns == o.ctime_ns;
+  }
+};
+
 class GGUFFile : public std::enable_shared_from_this<GGUFFile> {
  public:
-  // Maps and parses the file. Throws GGUFError naming the path (and, for a
-  // malformed file, the byte offset) on any failure.
-  static std::shared_ptr<GGUFFile> open(const std::string& path);
+  // Map: the file is mapped read-only and read in place (check_unchanged()
+  // guards against it changing later). Copy: the file is read once into
+  // private memory; nothing done to the file afterwards can reach it.
+  enum class Load { Map, Copy };
+  // Opens and parses the file. Throws GGUFError naming the path (and, for a
+  // malformed file, the byte offset) on any failure; GGUFNotFound when the
+  // path does not exist. Never blocks on a FIFO or device path.
+  static std::shared_ptr<GGUFFile> open(const std::string& path, Load how = Load::Map);
+  // Parses a private copy of `size` bytes (`name` stands for the path in messages).
+  static std::shared_ptr<GGUFFile> from_bytes(const std::string& name, const uint8_t* data, size_t size);
   ~GGUFFile();
   GGUFFile(const GGUFFile&) = delete;
   GGUFFile& operator=(const GGUFFile&) = delete;
@@ -127,6 +145,13 @@ class GGUFFile : public std::enable_shared_from_this<GGUFFile> {
   uint64_t data_offset() const { return data_offset_; }
   uint64_t file_size() const { return file_size_; }
   const uint8_t* base() const { return base_; }
+  // Whether tensor bytes are read from a mapping of the file (Load::Map).
+  bool mapped() const { return fd_ >= 0; }
+  // Throws GGUFError when the mapped file's identity (size, mtime, ctime,
+  // inode) differs from load time. One fstat: cheap next to any step. A file
+  // replaced by rename (how most tools write) leaves the mapping intact and
+  // passes; truncating or rewriting it in place does not.
+  void check_unchanged() const;
 
   const std::vector<GGUFKV>& metadata() const { return metadata_; }
   const GGUFKV* find(std::string_view key) const;  // nullptr if absent
@@ -138,11 +163,15 @@ class GGUFFile : public std::enable_shared_from_this<GGUFFile> {
 
  private:
   GGUFFile() = default;
-  void map(const std::string& path);
+  void map(const std::string& path, Load how);
+  uint8_t* anonymous(uint64_t size);  // page-aligned private memory as base_
+  void seal();                        // makes that memory read-only
   void parse();
 
   std::string path_;
   const uint8_t* base_ = nullptr;
+  int fd_ = -1;  // the mapped file (Load::Map), for check_unchanged
+  FileIdentity identity_;
   uint64_t file_size_ = 0;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

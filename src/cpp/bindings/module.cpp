@@ -23,6 +23,10 @@ void bind_errors(nb::module_& m) {
       PyErr_SetString(PyExc_TypeError, e.what());
     } catch (const muser::ArgValueError& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const muser::GGUFNotFound& e) {
+      // muser.GGUFFileNotFoundError derives from GGUFError and FileNotFoundError
+      nb::object cls = nb::module_::import_("muser.errors").attr("GGUFFileNotFoundError");
+      PyErr_SetString(cls.ptr(), e.what());
     } catch (const muser::NonFiniteError& e) {
       // muser.NonFiniteError is a Python class deriving from Error and ValueError
       nb::object cls = nb::module_::import_("muser.errors").attr("NonFiniteError");
