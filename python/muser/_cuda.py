@@ -37,8 +37,8 @@ class DeviceArray:
     ``torch.as_tensor(x, device="cuda")``) and ``__dlpack__``
     (``torch.from_dlpack(x)``, ``cupy.from_dlpack(x)``). It keeps the head's
     device buffer (and the head) alive for as long as it, or anything made
-    from it, exists. It is the head's buffer: the head's next CUDA call
-    overwrites it (unless the call needs a larger one) -- copy what you keep.
+    from it, exists. No later call writes this buffer while it is alive: the
+    head takes another from its pool (or a new one) instead.
     """
 
     __slots__ = ("_nd", "_ptr", "shape", "device_id")
@@ -152,6 +152,8 @@ def call(head: Any, hidden: Any, *, on_device: bool, out: Optional[np.ndarray],
     if not head.device.startswith("cuda"):
         raise ValueError(f"on_device=True and device hidden states need a CUDA head; this one is on {head.device!r}")
     rows, ptr, t, single = _inputs(head, hidden)
+    if out is not None and not on_device:
+        head._check_out(out, t, single)
     nd, addr, _ = _core.cuda_run(head._core, rows, ptr, t, single, False, check_finite)
     V = head.spec.vocab_size
     logits = DeviceArray(nd, addr, (V,) if single else (t, V), int(head.device.split(":")[1]))

@@ -56,7 +56,7 @@ class _Src:
         if hidden is None:
             raise Error(f"{self.label} computes logits from hidden states: pass hidden=")
         out = self.fn(np.ascontiguousarray(hidden[s:e], dtype=np.float32))
-        # a Head may return a view it overwrites on the next call: own the bytes now
+        # any callable may return a view of memory it reuses: own the bytes now
         out = np.array(out, dtype=np.float32, copy=True)
         if out.ndim != 2 or out.shape[0] != e - s:
             raise Error(f"{self.label} returned shape {out.shape} for {e - s} hidden rows")

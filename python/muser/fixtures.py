@@ -57,6 +57,7 @@ def write_head_gguf(
     progress: Optional[Callable[[int, int], None]] = None,
     norm_type: str = "F32",
     random_quants: bool = False,
+    alignment: Optional[int] = None,
 ) -> str:
     """Write a GGUF holding only a head: ``output_norm.weight`` and the LM head.
 
@@ -66,7 +67,10 @@ def write_head_gguf(
     a quantizer or with ``random_quants=True``, random well-formed blocks
     (fast: benchmarks at the seed's shape skip 1.3 G floats of quantization). ``progress(done_rows, total_rows)``
     is called while the weight is produced. Metadata keys follow the
-    architecture's conventions (docs/architectures.md); None omits a key.
+    architecture's conventions (docs/architectures.md); None omits a key; a
+    ``np.float64`` value in ``extra_metadata`` is written as FLOAT64 (an ``arch``
+    key given there replaces the one written from the arguments). ``alignment``
+    sets ``general.alignment``.
     """
     import gguf
 
@@ -92,16 +96,20 @@ def write_head_gguf(
             progress(r1, vocab)
 
     w = gguf.GGUFWriter(os.fspath(path), arch)
+    if alignment is not None:
+        w.add_custom_alignment(alignment)
+    extra = dict(extra_metadata or {})
     w.add_uint32(f"{arch}.embedding_length", hidden)
     eps_key = "attention.layer_norm_epsilon" if arch in ("command-r", "cohere2") else "attention.layer_norm_rms_epsilon"
-    w.add_float32(f"{arch}.{eps_key}", eps)
-    if logit_scale is not None:
-        w.add_float32(f"{arch}.logit_scale", logit_scale)
-    if softcap is not None:
-        w.add_float32(f"{arch}.final_logit_softcapping", softcap)
+    for key, value in ((f"{arch}.{eps_key}", eps), (f"{arch}.logit_scale", logit_scale),
+                       (f"{arch}.final_logit_softcapping", softcap)):
+        if value is not None and key not in extra:
+            w.add_float32(key, value)
     w.add_uint32(f"{arch}.vocab_size", vocab)
-    for k, v in (extra_metadata or {}).items():
-        if isinstance(v, bool):
+    for k, v in extra.items():
+        if isinstance(v, np.float64):
+            w.add_float64(k, float(v))
+        elif isinstance(v, bool):
             w.add_bool(k, v)
         elif isinstance(v, int):
             w.add_uint32(k, v)

@@ -82,12 +82,25 @@ class Head:
 
     **Zero copy.** Without ``out=``, the returned logits are a numpy *view* of a
     buffer the head owns: no copy is made, and the view stays valid (it keeps the
-    buffer and the head alive) after ``del head``. The *next* call overwrites that
-    buffer when it fits, so copy a result you want to keep, or pass ``out=`` to
-    write into your own array instead.
+    buffer and the head alive) after ``del head``. A buffer is written again only
+    once every view of it is gone: a result is never overwritten by a later call.
+    The head pools a few buffers (``Head.POOL_SIZE``), so a loop that drops each
+    result before the next call reuses memory instead of allocating; each result
+    you keep holds its own ``[t, V]`` floats. Pass ``out=`` to write into your own
+    (writable) array instead.
 
-    **Threads.** A Head may be shared between Python threads; calls are serialized
-    by a lock, and the GIL is released while the head computes.
+    **Threads.** A Head may be shared between any number of Python threads: calls
+    are serialized by a lock, the GIL is released while the head computes, and
+    each call's logits, ``argmax`` and ``topk`` are that call's own.
+
+    **The file.** The GGUF file is memory-mapped and read in place on the CPU. Before
+    each call the head checks that the file is still the one it loaded (size, mtime,
+    ctime, inode of the mapped file) and raises :class:`muser.GGUFError` if it changed:
+    truncated, rewritten, or replaced by rename -- load it again. A file truncated
+    *during* a step cannot be caught and ends the process (SIGBUS); with
+    ``Head.load(..., mmap=False)`` the head reads the file into private memory at
+    load and nothing done to the file afterwards reaches it. (CUDA heads copy the
+    weights to the GPU at load and need no check.)
 
     **Non-finite input.** A hidden state holding NaN or ±inf raises
     :class:`muser.NonFiniteError` naming the row and column, before anything is
@@ -110,6 +123,7 @@ class Head:
         *,
         acts: str = "f32",
         threads: Optional[int] = None,
+        mmap: bool = True,
         **overrides: Any,
     ) -> "Head":
         """Load the head of the GGUF model at ``path``.
@@ -123,6 +137,9 @@ class Head:
                 kernels; needs ``llama-cpp-python``).
             acts: ``"f32"`` activations, or ``"q8"`` (int8 blocks as ggml's CPU quantizes them).
             threads: CPU threads (default: all cores).
+            mmap: map the file and read the weights in place (default), or ``False`` to
+                read the whole file into private memory at load: nothing done to the file
+                afterwards can reach the head.
             **overrides: switch a step: ``softcap=None`` or ``softcap=20.0``,
                 ``logit_scale=None`` or a value, ``eps=1e-6``,
                 ``output_weight="token_embd.weight"``, ``arch="gemma2"``.
@@ -136,12 +153,16 @@ class Head:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {', '.join(ROUTES)}; got {route!r}")
         path = os.fspath(path)
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if not isinstance(mmap, bool):
+            raise TypeError(f"mmap must be a bool, got {type(mmap).__name__}")
+        if route == "pinned" and device != "cpu":
+            raise ValueError("route='pinned' runs llama.cpp's ggml CPU backend; use device='cpu'")
         core_route = "graph" if route == "pinned" else route
-        core = _core.Head.load(path, device, core_route, acts, int(threads or 0), dict(overrides))
+        core = _core.Head.load(path, device, core_route, acts, int(threads or 0), bool(mmap), dict(overrides))
         pinned = None
         if route == "pinned":
-            if device != "cpu":
-                raise ValueError("route='pinned' runs llama.cpp's ggml CPU backend; use device='cpu'")
             from . import pinned as _pinned  # optional dependency: llama-cpp-python
             from ._core import GGUFFile
 
@@ -180,10 +201,17 @@ class Head:
         """Bytes of the LM-head weight: what one step must read."""
         return int(self._core.weight_bytes)
 
+    POOL_SIZE: int = int(_core.Head.POOL_SIZE)
+
     @property
     def buffer(self) -> Optional[np.ndarray]:
-        """The head's logits buffer (flat view), or None before the first call."""
-        return self._core.buffer if self._pinned is None else None
+        """The buffer the latest call without ``out=`` wrote, as a flat float32 view
+        (its first ``t * V`` floats are that call's logits), or None before the first
+        call. Holding this view keeps the buffer from being reused."""
+        if self._pinned is not None:
+            return None
+        buf = self._core.buffer
+        return None if buf is None else buf.reshape(-1)
 
     def __repr__(self) -> str:
         s = self._spec
@@ -203,15 +231,15 @@ class Head:
             raise ValueError(f"hidden must have shape [H] or [t, H] with H={self._spec.hidden_size}, got {arr.shape}")
         if arr.shape[-1] != self._spec.hidden_size:
             raise ValueError(f"hidden must have {self._spec.hidden_size} columns (H), got shape {hidden.shape}")
-        if not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr)
+        if not (arr.flags.c_contiguous and arr.flags.aligned):
+            arr = np.array(arr, order="C")  # a fresh array: contiguous and aligned
         return arr, single
 
     def __call__(self, hidden: Any, *, out: Optional[np.ndarray] = None, check_finite: bool = True,
                  on_device: bool = False) -> Any:
         """Logits for one hidden state ``[H]`` (→ ``[V]``) or a batch ``[t, H]`` (→ ``[t, V]``).
 
-        Returns a zero-copy view of the head's buffer (overwritten by the next call),
+        Returns a zero-copy view of a buffer the head owns (never written again while the view lives),
         or ``out`` (shape ``[V]`` or ``[t, V]``, float32, C-contiguous) when given.
         Row r of a t-token call equals the single-token call on row r, bit for bit.
 
@@ -224,7 +252,10 @@ class Head:
         if on_device or _cuda.is_device_array(hidden):
             return _cuda.call(self, hidden, on_device=on_device, out=out, check_finite=check_finite)
         rows, single = self._rows(hidden)
+        if out is not None:
+            self._check_out(out, rows.shape[0], single)
         if self._pinned is not None:
+            self._core.check_file()
             if check_finite and not np.isfinite(rows).all():
                 r, c = map(int, np.argwhere(~np.isfinite(rows))[0])
                 from .errors import NonFiniteError
@@ -235,20 +266,24 @@ class Head:
                 out.reshape(result.shape)[...] = result
                 return out
             return result[0] if single else result
-        out2 = None
-        if out is not None:
-            if not isinstance(out, np.ndarray):
-                raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
-            expect = (self._spec.vocab_size,) if single else (rows.shape[0], self._spec.vocab_size)
-            if out.shape != expect:
-                raise ValueError(f"out must have shape {expect}, got {out.shape}")
-            if not out.flags.c_contiguous:
-                raise ValueError("out must be C-contiguous")
-            out2 = out.reshape(rows.shape[0], self._spec.vocab_size)
+        out2 = None if out is None else out.reshape(rows.shape[0], self._spec.vocab_size)
         view, _ = self._core.run(rows, out2, False, check_finite)
         if out is not None:
             return out
         return view[0] if single else view
+
+    def _check_out(self, out: Any, t: int, single: bool) -> None:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+        if out.dtype != np.float32:
+            raise TypeError(f"out must be float32, got {out.dtype}")
+        expect = (self._spec.vocab_size,) if single else (t, self._spec.vocab_size)
+        if out.shape != expect:
+            raise ValueError(f"out must have shape {expect}, got {out.shape}")
+        if not (out.flags.c_contiguous and out.flags.aligned):
+            raise ValueError("out must be C-contiguous and aligned")
+        if not out.flags.writeable:
+            raise ValueError("out must be writable; got a read-only array (out.flags.writeable is False)")
 
     def argmax(self, hidden: Any) -> Union[int, np.ndarray]:
         """Index of the largest logit (an int for ``[H]``, int64 ``[t]`` for ``[t, H]``).

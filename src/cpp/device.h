@@ -55,6 +55,9 @@ class Device {
   virtual std::string name() const = 0;
   // Called once at load; the weights' bytes stay valid for the device's life.
   virtual void prepare(const HeadSpec& spec, const HeadWeights& weights) = 0;
+  // Whether a step reads the weights' host bytes (the GGUF mapping) rather
+  // than a copy made at prepare: then a file changed after load matters.
+  virtual bool reads_host_weights() const { return true; }
   // Host memory for n floats (pinned on GPUs, 64-byte aligned on the CPU).
   virtual std::shared_ptr<HostBuffer> alloc_host(size_t n);
   // Run the nodes on t hidden states (host memory, [t x H]) into logits

@@ -569,7 +569,9 @@ void GGUFFile::check_unchanged() const {
   std::string what = now.size != identity_.size
                          ? "its size went from " + std::to_string(identity_.size) + " to " + std::to_string(now.size) +
                                " bytes"
-                         : "it was modified (mtime or ctime changed)";
+                         : now.mtime_ns != identity_.mtime_ns
+                               ? "it was modified: its mtime changed"
+                               : "its inode changed: ctime moved (a chmod, rename, unlink or a write with mtime reset)";
   throw GGUFError(path_ + ": the file changed after it was loaded (" + what +
                   "); the mapped weights may no longer be what was validated. Load it again, or load with "
                   "mmap=False for a private copy");

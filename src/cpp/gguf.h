@@ -148,9 +148,10 @@ class GGUFFile : public std::enable_shared_from_this<GGUFFile> {
   // Whether tensor bytes are read from a mapping of the file (Load::Map).
   bool mapped() const { return fd_ >= 0; }
   // Throws GGUFError when the mapped file's identity (size, mtime, ctime,
-  // inode) differs from load time. One fstat: cheap next to any step. A file
-  // replaced by rename (how most tools write) leaves the mapping intact and
-  // passes; truncating or rewriting it in place does not.
+  // inode) differs from load time. One fstat of the mapped file: cheap next
+  // to any step. ctime is part of it so that a rewrite whose mtime was set
+  // back is still seen; it also changes on chmod, rename and unlink, so any
+  // change to the loaded file is reported, harmless ones included.
   void check_unchanged() const;
 
   const std::vector<GGUFKV>& metadata() const { return metadata_; }

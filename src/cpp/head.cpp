@@ -1,5 +1,7 @@
 #include "head.h"
 
+#include <atomic>
+
 #include "errors.h"
 #include "gguf.h"
 #include "muser/dequant.h"
@@ -18,7 +20,7 @@ std::vector<float> vector_tensor(const GGUFFile& f, const std::string& name) {
 }  // namespace
 
 std::shared_ptr<Head> Head::load(const std::string& path, const HeadOptions& options) {
-  return from_file(GGUFFile::open(path), options);
+  return from_file(GGUFFile::open(path, options.mmap ? GGUFFile::Load::Map : GGUFFile::Load::Copy), options);
 }
 
 std::shared_ptr<Head> Head::from_file(std::shared_ptr<GGUFFile> file, const HeadOptions& options) {
@@ -42,13 +44,41 @@ std::shared_ptr<Head> Head::from_file(std::shared_ptr<GGUFFile> file, const Head
   return h;
 }
 
+void Head::check_file() const {
+  if (device_->reads_host_weights()) file_->check_unchanged();
+}
+
 std::shared_ptr<HostBuffer> Head::run(const float* hidden, int t, float* out, std::vector<NodeTiming>* timings) {
   std::lock_guard<std::mutex> lock(mu_);
+  check_file();
   const size_t need = (size_t)t * (size_t)spec_.vocab;
   std::shared_ptr<HostBuffer> buf;
   if (!out) {
-    if (!buffer_ || buffer_->count < need) buffer_ = device_->alloc_host(need);
-    buf = buffer_;
+    // A buffer is free when the pool holds its only reference: every view of
+    // it is gone, and new references are only made here, under the lock.
+    auto free_slot = pool_.end();
+    for (auto it = pool_.begin(); it != pool_.end(); ++it) {
+      if (it->use_count() != 1) continue;
+      if ((*it)->count >= need) {
+        free_slot = it;
+        break;
+      }
+      if (free_slot == pool_.end()) free_slot = it;
+    }
+    if (free_slot != pool_.end()) {
+      // pairs with the release in the last view's decrement: its reads of the
+      // old logits happen before this call's writes
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if ((*free_slot)->count < need) {
+        free_slot->reset();  // free the small one before allocating the larger
+        *free_slot = device_->alloc_host(need);
+      }
+      buf = *free_slot;
+    } else {
+      buf = device_->alloc_host(need);
+      if (pool_.size() < kPoolSize) pool_.push_back(buf);  // else a one-off, freed with its last view
+    }
+    last_ = buf;
     out = buf->data;
   }
   device_->run(nodes_, options_.acts, hidden, t, out, timings);
@@ -57,7 +87,7 @@ std::shared_ptr<HostBuffer> Head::run(const float* hidden, int t, float* out, st
 
 std::shared_ptr<HostBuffer> Head::buffer() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return buffer_;
+  return last_.lock();
 }
 
 }  // namespace muser

@@ -1,6 +1,8 @@
 // The Head: one loaded model head on one device with one route. It owns the
-// mapped GGUF file, the spec, the device and the logits buffer; calls are
-// serialized by a mutex (a Head is safe to share between threads).
+// mapped GGUF file, the spec, the device and a small pool of logits buffers;
+// calls are serialized by a mutex, and each call's logits are its own: a
+// pooled buffer is written again only when nothing else holds it (a Head is
+// safe to share between threads, and a returned view is never overwritten).
 #pragma once
 #include <memory>
 #include <mutex>
@@ -20,6 +22,7 @@ struct HeadOptions {
   Route route = Route::Graph;
   Acts acts = Acts::F32;
   int threads = 0;  // <= 0: the device's default
+  bool mmap = true;  // false: read the file into private memory at load (no window for a changing file)
   SpecOverrides overrides;
 };
 
@@ -36,12 +39,21 @@ class Head {
   Device& device() { return *device_; }
 
   // Runs t hidden states [t x H] into out [t x V] (host memory). When out is
-  // null, writes the head's own buffer (grown when t needs more) and returns
-  // it. Thread-safe: concurrent calls are serialized.
+  // null, writes a buffer no one else holds (from the pool, or a new one) and
+  // returns it: the caller's until it lets go. Thread-safe: concurrent calls
+  // are serialized. Throws GGUFError when the mapped file changed since load.
   std::shared_ptr<HostBuffer> run(const float* hidden, int t, float* out, std::vector<NodeTiming>* timings);
 
-  // The buffer the next call without `out` writes (may be null before the first call).
+  // The buffer the latest call without `out` wrote, while something holds it
+  // or it waits in the pool (null before the first call).
   std::shared_ptr<HostBuffer> buffer() const;
+
+  // Throws GGUFError when the head reads the file's mapping at step time and
+  // the file changed since load (its identity: size, mtime, ctime, inode).
+  void check_file() const;
+
+  // Most pooled logits buffers; a call that finds them all held gets a one-off buffer.
+  static constexpr size_t kPoolSize = 4;
 
   std::mutex& mutex() { return mu_; }
 
@@ -53,7 +65,8 @@ class Head {
   HeadWeights weights_;
   std::vector<Node> nodes_;
   std::unique_ptr<Device> device_;
-  std::shared_ptr<HostBuffer> buffer_;
+  std::vector<std::shared_ptr<HostBuffer>> pool_;
+  std::weak_ptr<HostBuffer> last_;  // what buffer() returns (weak: it must not keep a buffer busy)
   mutable std::mutex mu_;
 };
 

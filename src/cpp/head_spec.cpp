@@ -1,6 +1,8 @@
 #include "head_spec.h"
 
 #include <cmath>
+#include <cstdio>
+#include <limits>
 #include <functional>
 #include <map>
 
@@ -74,10 +76,26 @@ double number_key(const GGUFFile& f, const std::string& key) {
   return kv->as_double();
 }
 
+std::string number_text(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+// A metadata or override value the head computes with in float32: finite,
+// not negative (zero only where it means "off"), and representable: a value
+// beyond float32's range would turn into inf (NaN or saturated logits), a
+// non-zero one below it into 0 (an infinite granite divisor).
 float checked_float(const GGUFFile& f, const std::string& what, double v, bool allow_zero) {
-  if (!std::isfinite(v)) fail(f, what + " must be finite (got " + std::to_string(v) + ")");
+  if (!std::isfinite(v)) fail(f, what + " must be finite (got " + number_text(v) + ")");
   if (v < 0 || (!allow_zero && v == 0))
-    fail(f, what + " must be " + (allow_zero ? "non-negative" : "positive") + " (got " + std::to_string(v) + ")");
+    fail(f, what + " must be " + (allow_zero ? "non-negative" : "positive") + " (got " + number_text(v) + ")");
+  if (v > (double)std::numeric_limits<float>::max())
+    fail(f, what + " is " + number_text(v) + ", beyond float32's range (largest " +
+                number_text((double)std::numeric_limits<float>::max()) + ")");
+  if (v != 0 && v < (double)std::numeric_limits<float>::min())
+    fail(f, what + " is " + number_text(v) + ", below float32's normal range (smallest " +
+                number_text((double)std::numeric_limits<float>::min()) + ")");
   return (float)v;
 }
 
@@ -181,15 +199,14 @@ HeadSpec read_head_spec(const GGUFFile& f, const SpecOverrides& ov) {
     s.logit_scale_source = "override";
   } else if (ov.logit_scale) {
     if (s.scale_mode == ScaleMode::None) s.scale_mode = ScaleMode::Multiply;
-    s.logit_scale = checked_float(f, "logit_scale override", *ov.logit_scale, s.scale_mode != ScaleMode::Divide);
+    s.logit_scale = checked_float(f, "logit_scale override", *ov.logit_scale, false);
     s.logit_scale_source = "override";
   } else if (s.scale_mode != ScaleMode::None) {
     if (f.find(skey)) {
-      const double v = number_key(f, skey);
-      if (!std::isfinite(v)) fail(f, "metadata key '" + skey + "' must be finite");
-      s.logit_scale = (float)v;
+      // negative would reverse the token order; zero is "no scale" only where llama.cpp says so
+      s.logit_scale = checked_float(f, "metadata key '" + skey + "'", number_key(f, skey), rule.scale_zero_means_none);
       s.logit_scale_source = skey;
-      if (rule.scale_zero_means_none && v == 0) s.scale_mode = ScaleMode::None;
+      if (rule.scale_zero_means_none && s.logit_scale == 0) s.scale_mode = ScaleMode::None;
     } else if (rule.scale_required) {
       fail(f, "missing metadata key '" + skey + "' (required for " + s.arch + "; muser fails closed)");
     } else if (rule.scale_default != 0.0f) {
@@ -202,6 +219,10 @@ HeadSpec read_head_spec(const GGUFFile& f, const SpecOverrides& ov) {
   } else {
     s.logit_scale_source = "none";
   }
+  if (!std::isfinite(s.applied_scale()) || (s.scale_mode != ScaleMode::None && s.applied_scale() <= 0))
+    fail(f, "logit scale from " + s.logit_scale_source + " (" + number_text(s.logit_scale) + ", " +
+                scale_mode_name(s.scale_mode) + ") gives the factor " + number_text(s.applied_scale()) +
+                ", expected a finite positive float32");
 
   // final soft cap
   const std::string ckey = pre + "final_logit_softcapping";

@@ -45,11 +45,11 @@ struct HeadSpec {
 // Keyword overrides from Head.load(**overrides). An engaged optional wins
 // over metadata; `*_disable` turns a step off (softcap=None, logit_scale=None).
 struct SpecOverrides {
-  std::optional<float> softcap;
+  std::optional<double> softcap;
   bool softcap_disable = false;
-  std::optional<float> logit_scale;
+  std::optional<double> logit_scale;
   bool logit_scale_disable = false;
-  std::optional<float> eps;
+  std::optional<double> eps;
   std::optional<std::string> output_weight;
   std::optional<std::string> arch;  // treat the file as this architecture
 };

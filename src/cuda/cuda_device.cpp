@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -186,7 +187,7 @@ class CudaDeviceImpl final : public CudaDevice {
 
   ~CudaDeviceImpl() override {
     DeviceScope scope(ordinal_);
-    graph_.reset();
+    slots_.clear();
     for (auto& e : events_) {
       cudaEventDestroy(e.first);
       cudaEventDestroy(e.second);
@@ -197,6 +198,7 @@ class CudaDeviceImpl final : public CudaDevice {
 
   std::string name() const override { return "cuda:" + std::to_string(ordinal_); }
   int ordinal() const override { return ordinal_; }
+  bool reads_host_weights() const override { return false; }  // uploaded at prepare
 
   void prepare(const HeadSpec& spec, const HeadWeights& w) override {
     DeviceScope scope(ordinal_);
@@ -265,17 +267,25 @@ class CudaDeviceImpl final : public CudaDevice {
     }
     float* normed = static_cast<float*>(normed_.ensure(xbytes, ordinal_, "normed hidden states"));
     const size_t lbytes = (size_t)t * V * sizeof(float);
-    if (!logits_ || logits_->bytes < lbytes) logits_ = std::make_shared<DeviceMemory>(lbytes, ordinal_, "logits");
-    float* logits = static_cast<float*>(logits_->ptr);
+    LogitsSlot* slot = logits_slot(lbytes);
+    std::shared_ptr<DeviceMemory> result = slot ? slot->mem : std::make_shared<DeviceMemory>(lbytes, ordinal_, "logits");
+    float* logits = static_cast<float*>(result->ptr);
 
     acts_ = acts;
     if (acts == Acts::Q8) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
-    if (!timings) {
+    last_graph_ = nullptr;
+    if (!timings && slot) {
       // The route runs as one CUDA graph, captured once per shape and buffers
       // and replayed: the GPU gets every node at once (no launch gaps between
-      // them) and the host pays one launch.
-      cudaGraphExec_t exec = route_graph(nodes, x, normed, logits, t);
+      // them) and the host pays one launch. Each pooled logits buffer has its
+      // own graph, so alternating buffers costs no graph update.
+      cudaGraphExec_t exec = route_graph(slot->graph, nodes, x, normed, logits, t);
       check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch (route)");
+      check(cudaStreamSynchronize(stream_), "the route's kernels (synchronize)");
+      last_graph_ = exec;
+    } else if (!timings) {
+      // every pooled buffer is held: a one-off buffer, its nodes launched directly
+      for (const Node& n : nodes) enqueue(n, x, normed, logits, t);
       check(cudaStreamSynchronize(stream_), "the route's kernels (synchronize)");
     } else {
       // Profile: the nodes, each between two event records, are captured into a
@@ -296,20 +306,23 @@ class CudaDeviceImpl final : public CudaDevice {
                             node_bytes(nodes[i], spec_, out_, t)});
       }
     }
-    return logits_;
+    return result;
   }
 
   std::vector<double> route_seconds(const std::vector<Node>& nodes, Acts acts, const float* hidden,
                                     bool hidden_on_device, int t, int reps, bool held) override {
     if (reps < 1) throw ArgValueError("reps must be >= 1, got " + std::to_string(reps));
-    run_to_device(nodes, acts, hidden, hidden_on_device, t, nullptr);  // buffers, the graph, a warm-up
+    // buffers, the graph, a warm-up; `held` keeps its logits buffer (and so its graph) ours while timing
+    const auto held_logits = run_to_device(nodes, acts, hidden, hidden_on_device, t, nullptr);
+    if (!last_graph_) throw DeviceError("route_seconds: every pooled logits buffer is held by a view; let one go");
+    const cudaGraphExec_t exec = last_graph_;
     DeviceScope scope(ordinal_);
     ensure_events(1);
     std::vector<double> seconds;
     for (int i = 0; i < reps; ++i) {
       if (held) hold_stream(stream_, kHoldMicroseconds);
       check(cudaEventRecord(events_[0].first, stream_), "cudaEventRecord");
-      check(cudaGraphLaunch(graph_.exec, stream_), "cudaGraphLaunch (route)");
+      check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch (route)");
       check(cudaEventRecord(events_[0].second, stream_), "cudaEventRecord");
       check(cudaEventSynchronize(events_[0].second), "the route's kernels (synchronize)");
       float ms = 0;
@@ -350,6 +363,63 @@ class CudaDeviceImpl final : public CudaDevice {
   }
 
  private:
+  struct RouteKey {
+    const Node* nodes = nullptr;
+    size_t count = 0;
+    Acts acts = Acts::F32;
+    int t = 0;
+    const void *x = nullptr, *normed = nullptr, *logits = nullptr, *acts_q8 = nullptr;
+    bool operator==(const RouteKey& o) const {
+      return nodes == o.nodes && count == o.count && acts == o.acts && t == o.t && x == o.x && normed == o.normed &&
+             logits == o.logits && acts_q8 == o.acts_q8;
+    }
+  };
+  struct RouteGraph {
+    RouteKey key;
+    cudaGraphExec_t exec = nullptr;
+    void reset() {
+      if (exec) cudaGraphExecDestroy(exec);
+      exec = nullptr;
+    }
+    RouteGraph() = default;
+    RouteGraph(const RouteGraph&) = delete;
+    RouteGraph& operator=(const RouteGraph&) = delete;
+    ~RouteGraph() { reset(); }
+  };
+  // A pooled device logits buffer and the route graph that writes it.
+  struct LogitsSlot {
+    std::shared_ptr<DeviceMemory> mem;
+    RouteGraph graph;
+  };
+  static constexpr size_t kLogitsPool = 4;
+  std::vector<std::unique_ptr<LogitsSlot>> slots_;
+  cudaGraphExec_t last_graph_ = nullptr;  // the graph of the latest graph-launched call
+
+  // A pooled logits buffer of at least `bytes` that no view holds (the pool
+  // holds its only reference), grown if needed; null when all kLogitsPool
+  // are held. Device logits returned to Python are never overwritten.
+  LogitsSlot* logits_slot(size_t bytes) {
+    LogitsSlot* small = nullptr;
+    for (auto& s : slots_) {
+      if (s->mem.use_count() != 1) continue;
+      if (s->mem->bytes >= bytes) {
+        std::atomic_thread_fence(std::memory_order_acquire);  // after the last holder's release
+        return s.get();
+      }
+      if (!small) small = s.get();
+    }
+    if (!small && slots_.size() < kLogitsPool) {
+      slots_.push_back(std::make_unique<LogitsSlot>());
+      small = slots_.back().get();
+    }
+    if (!small) return nullptr;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    small->graph.reset();  // its buffer changes
+    small->mem.reset();
+    small->mem = std::make_shared<DeviceMemory>(bytes, ordinal_, "logits");
+    return small;
+  }
+
   // Launches one node on the stream (the stream order is the barrier).
   void enqueue(const Node& n, const float* x, float* normed, float* logits, int t) {
     const int64_t H = spec_.hidden, V = spec_.vocab, nl = (int64_t)t * V;
@@ -421,29 +491,30 @@ class CudaDeviceImpl final : public CudaDevice {
   // route is captured again and the executable graph updated in place --
   // cheaper than a new instantiation -- or, when the update is refused,
   // instantiated anew.
-  cudaGraphExec_t route_graph(const std::vector<Node>& nodes, const float* x, float* normed, float* logits, int t) {
+  cudaGraphExec_t route_graph(RouteGraph& g, const std::vector<Node>& nodes, const float* x, float* normed,
+                              float* logits, int t) {
     const RouteKey key{nodes.data(), nodes.size(), acts_, t, x, normed, logits,
                        acts_ == Acts::Q8 ? acts_q8_.mem->ptr : nullptr};
-    if (graph_.exec && graph_.key == key) return graph_.exec;
+    if (g.exec && g.key == key) return g.exec;
     cudaGraph_t graph = capture_graph(nodes, x, normed, logits, t, false);
-    if (graph_.exec) {
+    if (g.exec) {
       cudaGraphExecUpdateResultInfo info{};
-      const cudaError_t updated = cudaGraphExecUpdate(graph_.exec, graph, &info);
+      const cudaError_t updated = cudaGraphExecUpdate(g.exec, graph, &info);
       (void)cudaGetLastError();  // a refused update is not an error of the call
       if (updated == cudaSuccess) {
         cudaGraphDestroy(graph);
-        graph_.key = key;
-        return graph_.exec;
+        g.key = key;
+        return g.exec;
       }
-      graph_.reset();
+      g.reset();
     }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     check(inst, "cudaGraphInstantiate (route)");
-    graph_.exec = exec;
-    graph_.key = key;
-    return graph_.exec;
+    g.exec = exec;
+    g.key = key;
+    return g.exec;
   }
 
   std::unique_ptr<DeviceMemory> upload(const std::vector<float>& v, const char* what) {
@@ -499,28 +570,7 @@ class CudaDeviceImpl final : public CudaDevice {
   std::unique_ptr<DeviceMemory> weight_, gamma_, beta_, bias_;
   Scratch hidden_, normed_, topk_scratch_, topk_out_, flag_, acts_q8_;
   Acts acts_ = Acts::F32;  // of the call being enqueued
-  std::shared_ptr<DeviceMemory> logits_;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
-  struct RouteKey {
-    const Node* nodes = nullptr;
-    size_t count = 0;
-    Acts acts = Acts::F32;
-    int t = 0;
-    const void *x = nullptr, *normed = nullptr, *logits = nullptr, *acts_q8 = nullptr;
-    bool operator==(const RouteKey& o) const {
-      return nodes == o.nodes && count == o.count && acts == o.acts && t == o.t && x == o.x && normed == o.normed &&
-             logits == o.logits && acts_q8 == o.acts_q8;
-    }
-  };
-  struct RouteGraph {
-    RouteKey key;
-    cudaGraphExec_t exec = nullptr;
-    void reset() {
-      if (exec) cudaGraphExecDestroy(exec);
-      exec = nullptr;
-    }
-    ~RouteGraph() { reset(); }
-  } graph_;
 };
 
 }  // namespace

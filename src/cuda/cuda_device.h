@@ -30,8 +30,8 @@ class CudaDevice : public Device {
   virtual int ordinal() const = 0;
   // Runs the nodes on t hidden states [t x H] f32 (host memory, or this GPU's
   // memory when hidden_on_device) into device logits [t x V]. The returned
-  // memory is the device's logits buffer: the next call overwrites it, unless
-  // it had to grow (then the old one lives on with its remaining owners).
+  // memory is a pooled buffer that nothing else held: later calls write it
+  // only after every other owner (a Python view) has let go.
   virtual std::shared_ptr<DeviceMemory> run_to_device(const std::vector<Node>& nodes, Acts acts, const float* hidden,
                                                       bool hidden_on_device, int t,
                                                       std::vector<NodeTiming>* timings) = 0;

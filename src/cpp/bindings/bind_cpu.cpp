@@ -92,7 +92,9 @@ void bind_cpu(nb::module_& m) {
         if (row_bytes % tt.block_bytes)
           throw ArgValueError("row_bytes " + std::to_string(row_bytes) + " is not a multiple of the " + weight_type +
                               " block (" + std::to_string(tt.block_bytes) + " bytes)");
-        const WeightView wv{type, (int64_t)w.shape(0), row_bytes / tt.block_bytes * tt.block_elems, row_bytes, w.data()};
+        std::unique_ptr<uint8_t[]> aligned;
+        const WeightView wv{type, (int64_t)w.shape(0), row_bytes / tt.block_bytes * tt.block_elems, row_bytes,
+                            aligned_blocks(w.data(), w.size(), aligned)};
         if ((int64_t)x.shape(1) != wv.cols)
           throw ArgValueError("x must have " + std::to_string(wv.cols) + " columns, got " + std::to_string(x.shape(1)));
         const cpu::Isa which = isa ? cpu::isa_by_name(*isa) : cpu::active_isa();

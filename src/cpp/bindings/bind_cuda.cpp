@@ -190,7 +190,7 @@ void bind_cuda(nb::module_& m) {
   }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("hidden_ptr"), nb::arg("t"), nb::arg("squeeze"),
   nb::arg("profile"), nb::arg("check_finite"),
   "Run the head's route on the GPU; returns (device ndarray of the logits, its address, profile). "
-  "The logits are the head's device buffer: the next call overwrites them (unless it must grow).");
+  "The logits are a pooled device buffer no one else holds; later calls never write it while a view lives.");
 
   m.def("cuda_route_seconds", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t hidden_ptr,
                                  int64_t t, int reps, bool check_finite, bool held) -> std::vector<double> {

@@ -30,6 +30,7 @@ namespace {
 
 using F32Array = nb::ndarray<nb::numpy, float>;
 using AnyArray = nb::ndarray<nb::ro>;
+using WritableArray = nb::ndarray<>;
 
 std::string dtype_name(const nb::dlpack::dtype& d) {
   const char* kind = d.code == (uint8_t)nb::dlpack::dtype_code::Float  ? "float"
@@ -69,6 +70,8 @@ const float* f32_matrix(const AnyArray& a, const char* what, int64_t cols) {
   if (a.device_type() != nb::device::cpu::value)
     throw ArgTypeError(std::string(what) + " must be in host memory");
   if (!c_contiguous(a, 4)) throw ArgValueError(std::string(what) + " must be C-contiguous");
+  if (reinterpret_cast<uintptr_t>(a.data()) % alignof(float) != 0)
+    throw ArgValueError(std::string(what) + " must be 4-byte aligned (numpy: np.require(a, requirements='A'))");
   return static_cast<const float*>(a.data());
 }
 
@@ -123,18 +126,31 @@ nb::dict spec_dict(const HeadSpec& s) {
   return d;
 }
 
+// An override's number, kept in double so read_head_spec can say when it does not fit float32.
+double override_number(const std::string& key, nb::handle v) {
+  const std::string got = nb::cast<std::string>(nb::str(v.type().attr("__name__")));
+  if (PyBool_Check(v.ptr()) || PyUnicode_Check(v.ptr()) || PyBytes_Check(v.ptr()))
+    throw ArgTypeError("override " + key + " must be a number or None, got " + got);
+  const double d = PyFloat_AsDouble(v.ptr());  // any real number: int, float, numpy scalars
+  if (d == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw ArgValueError("override " + key + " must be a real number that fits a double, got " + got);
+  }
+  return d;
+}
+
 SpecOverrides parse_overrides(const nb::dict& ov) {
   SpecOverrides o;
   for (auto [k, v] : ov) {
     const std::string key = nb::cast<std::string>(k);
     if (key == "softcap") {
       if (v.is_none()) o.softcap_disable = true;
-      else o.softcap = nb::cast<float>(v);
+      else o.softcap = override_number(key, v);
     } else if (key == "logit_scale") {
       if (v.is_none()) o.logit_scale_disable = true;
-      else o.logit_scale = nb::cast<float>(v);
+      else o.logit_scale = override_number(key, v);
     } else if (key == "eps") {
-      o.eps = nb::cast<float>(v);
+      o.eps = override_number(key, v);
     } else if (key == "output_weight") {
       o.output_weight = nb::cast<std::string>(v);
     } else if (key == "arch") {
@@ -146,7 +162,7 @@ SpecOverrides parse_overrides(const nb::dict& ov) {
   return o;
 }
 
-WeightView weight_from_bytes(const AnyArray& w, const std::string& type_name) {
+WeightView weight_from_bytes(const AnyArray& w, const std::string& type_name, std::unique_ptr<uint8_t[]>& aligned) {
   uint32_t type = 0;
   bool found = false;
   for (uint32_t id = 0; id < 64; ++id) {
@@ -166,7 +182,7 @@ WeightView weight_from_bytes(const AnyArray& w, const std::string& type_name) {
     throw ArgValueError("row_bytes " + std::to_string(row_bytes) + " is not a multiple of the " + type_name + " block (" +
                         std::to_string(tt.block_bytes) + " bytes)");
   return {type, (int64_t)w.shape(0), row_bytes / tt.block_bytes * tt.block_elems, row_bytes,
-          static_cast<const uint8_t*>(w.data())};
+          aligned_blocks(static_cast<const uint8_t*>(w.data()), w.size(), aligned)};
 }
 
 }  // namespace
@@ -189,8 +205,9 @@ void bind_head(nb::module_& m) {
       .def_static(
           "load",
           [](const std::string& path, const std::string& device, const std::string& route, const std::string& acts,
-             int threads, const nb::dict& overrides) {
+             int threads, bool mmap, const nb::dict& overrides) {
             HeadOptions o;
+            o.mmap = mmap;
             o.device = device;
             o.route = parse_route(route);
             o.acts = parse_acts(acts);
@@ -200,7 +217,10 @@ void bind_head(nb::module_& m) {
             return Head::load(path, o);
           },
           nb::arg("path"), nb::arg("device"), nb::arg("route"), nb::arg("acts"), nb::arg("threads"),
-          nb::arg("overrides"))
+          nb::arg("mmap"), nb::arg("overrides"))
+      .def_ro_static("POOL_SIZE", &Head::kPoolSize)
+      .def("check_file", [](const Head& h) { h.check_file(); },
+           "Raise GGUFError when the mapped file changed since load (what every call checks first).")
       .def_prop_ro("spec", [](const Head& h) { return spec_dict(h.spec()); })
       .def_prop_ro("route", [](const Head& h) { return std::string(route_name(h.options().route)); })
       .def_prop_ro("acts", [](const Head& h) { return std::string(acts_name(h.options().acts)); })
@@ -216,7 +236,8 @@ void bind_head(nb::module_& m) {
                    [](const Head& h) { return (double)h.output_weight().row_bytes * (double)h.output_weight().rows; })
       .def(
           "run",
-          [](std::shared_ptr<Head> h, const AnyArray& hidden, std::optional<AnyArray> out, bool profile,
+          // out is a writable ndarray: nanobind refuses a read-only one (head.py says so first, clearly)
+          [](std::shared_ptr<Head> h, const AnyArray& hidden, std::optional<WritableArray> out, bool profile,
              bool check) {
             const int64_t H = h->spec().hidden, V = h->spec().vocab;
             const float* x = f32_matrix(hidden, "hidden", H);
@@ -229,10 +250,12 @@ void bind_head(nb::module_& m) {
                 throw ArgTypeError("out must be float32, got " + dtype_name(out->dtype()));
               if (out->ndim() != 2 || (int64_t)out->shape(0) != t || (int64_t)out->shape(1) != V)
                 throw ArgValueError("out must have shape (" + std::to_string(t) + ", " + std::to_string(V) + "), got " +
-                                    shape_str(*out));
-              if (!c_contiguous(*out, 4)) throw ArgValueError("out must be C-contiguous");
+                                    shape_str(AnyArray(*out)));
+              if (!c_contiguous(AnyArray(*out), 4)) throw ArgValueError("out must be C-contiguous");
               if (out->device_type() != nb::device::cpu::value) throw ArgTypeError("out must be in host memory");
-              dst = static_cast<float*>(const_cast<void*>(out->data()));
+              if (reinterpret_cast<uintptr_t>(out->data()) % alignof(float) != 0)
+                throw ArgValueError("out must be 4-byte aligned");
+              dst = static_cast<float*>(out->data());
             }
             std::vector<NodeTiming> timings;
             std::shared_ptr<HostBuffer> buf;
@@ -354,7 +377,8 @@ void bind_head(nb::module_& m) {
       "ops_matvec",
       [](const AnyArray& w, const std::string& type, const AnyArray& x, const std::string& order,
          std::optional<std::string> isa, int threads) {
-        const WeightView wv = weight_from_bytes(w, type);
+        std::unique_ptr<uint8_t[]> aligned;
+        const WeightView wv = weight_from_bytes(w, type, aligned);
         const float* xs = f32_matrix(x, "x", wv.cols);
         const size_t t = x.shape(0);
         cpu::Isa which = cpu::active_isa();

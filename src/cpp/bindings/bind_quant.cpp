@@ -127,9 +127,11 @@ nb::ndarray<nb::numpy, float> dequantize_array(const AnyArray& data, const std::
                         std::to_string(row_bytes) + " per row)");
 
   std::unique_ptr<float[]> out(new float[(size_t)std::max<int64_t>(rows * cols, 1)]);
+  std::unique_ptr<uint8_t[]> aligned;
+  const uint8_t* bytes = aligned_blocks(static_cast<const uint8_t*>(data.data()), data.size(), aligned);
   {
     nb::gil_scoped_release no_gil;
-    dequantize(type, data.data(), rows, cols, out.get());
+    dequantize(type, bytes, rows, cols, out.get());
   }
   float* raw = out.release();
   nb::capsule owner(raw, [](void* p) noexcept { delete[] static_cast<float*>(p); });

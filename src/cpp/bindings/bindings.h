@@ -2,6 +2,9 @@
 #pragma once
 #include <nanobind/nanobind.h>
 
+#include <cstdint>
+#include <cstring>
+#include <memory>
 #include <vector>
 
 namespace muser {
@@ -11,6 +14,18 @@ struct NodeTiming;
 namespace muser::py {
 // A profile as Python dicts (label, kind, seconds, bytes), one per node.
 nanobind::list profile_list(const std::vector<NodeTiming>& timings);
+
+// Quantized blocks hold 2-byte fields, so the kernels need them at even (GGUF
+// files: 8-byte aligned) addresses. Caller bytes at a less aligned address
+// (a numpy slice at an odd offset) are copied once into `copy`; aligned bytes
+// are used in place.
+constexpr uintptr_t kBlockAlignment = 8;
+inline const uint8_t* aligned_blocks(const uint8_t* p, size_t n, std::unique_ptr<uint8_t[]>& copy) {
+  if (reinterpret_cast<uintptr_t>(p) % kBlockAlignment == 0) return p;
+  copy.reset(new uint8_t[n ? n : 1]);  // new[] of uint8_t: aligned to max_align_t (16)
+  std::memcpy(copy.get(), p, n);
+  return copy.get();
+}
 
 void bind_errors(nanobind::module_& m);
 void bind_gguf(nanobind::module_& m);   // bind_gguf.cpp: muser.GGUFFile
