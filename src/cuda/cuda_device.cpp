@@ -59,6 +59,13 @@ void* device_alloc(size_t bytes, const char* what, int ordinal) {
   throw_cuda_error(err, std::string("cudaMalloc(") + with_commas(bytes) + " bytes for " + what + ")");
 }
 
+std::vector<size_t> memory_info(int ordinal) {
+  DeviceScope scope(ordinal);
+  size_t free_b = 0, total_b = 0;
+  check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  return {free_b, total_b};
+}
+
 DeviceScope::DeviceScope(int ordinal) {
   int cur = -1;
   if (cudaGetDevice(&cur) == cudaSuccess && cur != ordinal) {

@@ -61,6 +61,8 @@ int pointer_device(const void* p);
 std::vector<double> read_bandwidth_seconds(size_t nbytes, int iters, int ordinal, bool held);
 // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
 std::string device_description(int ordinal);
+// (free, total) bytes of a GPU's memory, as cudaMemGetInfo reports them.
+std::vector<size_t> memory_info(int ordinal);
 // Synchronous copy of bytes of device memory (any visible GPU) to host memory.
 void copy_to_host(const void* src, void* dst, size_t bytes);
 

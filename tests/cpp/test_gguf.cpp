@@ -285,3 +285,27 @@ TEST_F(GGUFReaderTest, DuplicatesAndBadAlignment) {
 }
 
 }  // namespace
+
+namespace {
+
+// A float has no integer value in general, and converting one out of int64's
+// range is undefined behaviour: as_int refuses floats (as_double reads them).
+TEST(GGUFValueTest, AsIntOnAFloatThrows) {
+  for (muser::GGUFType t : {GGUFType::FLOAT32, GGUFType::FLOAT64}) {
+    const double big = 1e300;
+    const float bigf = 1e30f;
+    muser::GGUFValue v;
+    v.type = t;
+    v.data = t == GGUFType::FLOAT32 ? reinterpret_cast<const uint8_t*>(&bigf) : reinterpret_cast<const uint8_t*>(&big);
+    EXPECT_THROW(v.as_int(), muser::SpecError);
+    EXPECT_THROW(v.as_uint(), muser::SpecError);
+    EXPECT_GT(v.as_double(), 1e29);
+  }
+  const uint32_t seven = 7;
+  muser::GGUFValue u;
+  u.type = GGUFType::UINT32;
+  u.data = reinterpret_cast<const uint8_t*>(&seven);
+  EXPECT_EQ(u.as_int(), 7);
+}
+
+}  // namespace

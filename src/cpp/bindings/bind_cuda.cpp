@@ -143,6 +143,15 @@ void bind_cuda(nb::module_& m) {
 #endif
   }, nb::arg("device") = 0);
 
+  m.def("cuda_memory_info", [](int ordinal) -> std::vector<size_t> {
+#ifdef MUSER_HAVE_CUDA
+    return cuda::memory_info(ordinal);
+#else
+    (void)ordinal;
+    no_cuda_build();
+#endif
+  }, nb::arg("device") = 0, "(free, total) bytes of the GPU's memory (cudaMemGetInfo).");
+
   m.def("cuda_read_bandwidth", [](uint64_t nbytes, int iters, int ordinal, bool held) -> std::vector<double> {
 #ifdef MUSER_HAVE_CUDA
     nb::gil_scoped_release release;
