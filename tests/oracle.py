@@ -47,8 +47,6 @@ def head_f64(path: str, spec, hidden: np.ndarray) -> np.ndarray:
         d = x - x.mean(axis=1, keepdims=True)
         normed = d / np.sqrt((d * d).mean(axis=1, keepdims=True) + np.float64(np.float32(spec.eps)))
     normed = normed * gamma
-    if spec.norm_bias:
-        normed = normed + weight_f64(path, spec.norm_bias)
     logits = normed @ weight_f64(path, spec.output_weight).T
     logits = logits * np.float64(np.float32(spec.applied_scale))
     if spec.softcap:

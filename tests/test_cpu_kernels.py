@@ -216,7 +216,7 @@ def test_profile_books_the_matvec_under_lm_head_and_never_under_the_soft_cap(hea
     path = head_file(weight_type="Q5_K", hidden=2048, vocab=6000)
     x = rng.standard_normal((2, 2048)).astype(np.float32)
     for route in ("reference", "graph", "fused", "canonical"):
-        head = muser.Head.load(path, route=route, threads=1)
+        head = muser.Head.load(path, route=route, threads=1, fuse=False)  # every node its own kernel
         # each label's best of three: a preemption (other processes share the
         # machine) can stretch any one node of any one run
         runs = [head.profile(x) for _ in range(3)]
@@ -227,19 +227,32 @@ def test_profile_books_the_matvec_under_lm_head_and_never_under_the_soft_cap(hea
         assert head_time > 0.7 * sum(secs.values()), (route, secs)
         # the cap touches 12,000 logits; the matvec multiplies 12 M weights
         assert max(caps) < 0.2 * head_time, (route, secs)
+        # fused, the kernel that does the matvec is named for every node it holds: never the cap's alone
+        fused = muser.Head.load(path, route=route, threads=1).profile(x)
+        matvec_kernel = max(fused, key=lambda p: p.seconds)
+        assert "lm_head" in matvec_kernel.nodes, (route, [p.label for p in fused])
+        if route in ("fused", "canonical"):
+            assert matvec_kernel.label == "lm_head+softcap"
 
 
 @pytest.mark.parametrize("acts", ["f32", "q8"])
 @pytest.mark.parametrize("route", ["reference", "graph", "fused", "canonical"])
 def test_profile_lists_each_node_once_under_its_own_label(head_file, rng, route, acts):
     path = head_file(weight_type="Q8_0", hidden=256, vocab=300)
-    head = muser.Head.load(path, route=route, acts=acts)
-    prof = head.profile(rng.standard_normal((3, 256)).astype(np.float32))
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    head = muser.Head.load(path, route=route, acts=acts, fuse=False)
+    prof = head.profile(x)
     assert [(p.label, p.kind) for p in prof] == head.nodes
     labels = [p.label for p in prof]
     assert len(labels) == len(set(labels)), labels
     lm = next(p for p in prof if p.label == "lm_head")
     assert lm.bytes >= 300 * 256 // 32 * 34 and lm.seconds > 0
+    # fused: each kernel names its nodes; together they are the route's nodes, once each, in order
+    fused = muser.Head.load(path, route=route, acts=acts)
+    prof = fused.profile(x)
+    assert [n for p in prof for n in p.nodes] == [label for label, _ in fused.nodes]
+    assert [tuple(p.nodes) for p in prof] == fused.steps
+    assert "+".join(p.kind for p in prof) == "+".join(kind for _, kind in fused.nodes)
 
 
 def test_bench_cli_reports_every_route_against_the_bandwidth(head_file, tmp_path):

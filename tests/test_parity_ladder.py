@@ -375,8 +375,6 @@ def test_pinned_builds_llamas_graph_for_each_architecture(g, arch_heads, arch, r
     gamma = np.asarray(f.tensor_bytes(s.norm_weight)).view(np.float32)
     x = hidden_states(rng, 4, 512)
     normed = rms_norm_mul(x, gamma, s.eps) if s.norm == "rms" else layer_norm_mul(x, gamma, s.eps)
-    if s.norm_bias:
-        normed = normed + np.asarray(f.tensor_bytes(s.norm_bias)).view(np.float32)
     w = np.asarray(f.tensor_bytes(s.output_weight)).reshape(s.vocab_size, -1)
     expect = emulated_q8_logits(w, "Q8_0", normed, s.applied_scale, s.softcap or 0.0)
     got = np.stack([head(r) for r in x])

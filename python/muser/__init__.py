@@ -11,6 +11,7 @@ from ._core import GGUFFile, build_info
 from ._quant import dequantize, quantize
 from .errors import DeviceError, Error, GGUFError, NonFiniteError, SpecError
 from .compare import BoundedLogitPolicy, CompareResult, compare
+from ._device import DeviceArray
 from .head import Head, HeadSpec, NodeProfile
 
 __version__: str = build_info()["version"]
@@ -19,6 +20,7 @@ __all__ = [
     "Head",
     "HeadSpec",
     "NodeProfile",
+    "DeviceArray",
     "GGUFFile",
     "quantize",
     "dequantize",

@@ -104,8 +104,7 @@ def bench_threads(path: str, threads: int, tokens: list[int], routes: list[str],
                 n = 1 if route == "reference" else reps
                 secs = statistics.median(time_calls(head, x, n, warmup=0 if route == "reference" else 1))
                 prof = head.profile(x)
-                labels = [p.label for p in prof]
-                i = labels.index(TAIL_LABELS_AFTER)
+                i = next(k for k, p in enumerate(prof) if TAIL_LABELS_AFTER in p.nodes)  # its kernel, fused or not
                 lm = prof[i].seconds
                 tail = sum(p.seconds for p in prof[i + 1:])
                 rows.append(dict(route=route, acts=a, t=t, seconds=secs, lm_head=lm, tail=tail,

@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from . import _core, _cuda
+from . import _core, _device
 
 ROUTES = ("reference", "fused", "graph", "canonical", "pinned")
 PathLike = Union[str, "os.PathLike[str]"]
@@ -30,11 +30,9 @@ class HeadSpec:
     eps: float
     eps_source: str
     norm_weight: str
-    norm_bias: Optional[str]
     output_weight: str
     output_type: str
     tied: bool
-    output_bias: Optional[str]
     logit_scale_mode: str
     logit_scale: Optional[float]
     logit_scale_source: str
@@ -51,8 +49,7 @@ class HeadSpec:
         lines = [
             f"arch           {self.arch}",
             f"hidden x vocab {self.hidden_size} x {self.vocab_size}",
-            f"final norm     {self.norm} (eps {self.eps:g} from {self.eps_source}), weight {self.norm_weight}"
-            + (f", bias {self.norm_bias}" if self.norm_bias else ""),
+            f"final norm     {self.norm} (eps {self.eps:g} from {self.eps_source}), weight {self.norm_weight}",
             f"lm head        {self.output_weight} [{self.output_type}]" + (" (tied)" if self.tied else ""),
             f"logit scale    {scale} ({self.logit_scale_source})",
             f"soft cap       {cap} ({self.softcap_source})",
@@ -62,12 +59,19 @@ class HeadSpec:
 
 @dataclass(frozen=True)
 class NodeProfile:
-    """Time and traffic of one node of a route, under that node's own label."""
+    """Time and traffic of one kernel of a route: one node, under its own label, or
+    the nodes a device fused into one kernel, each named (``label`` joins them by
+    ``+``, as ``"lm_head+softcap"``; ``nodes`` lists them)."""
 
     label: str
     kind: str
     seconds: float
     bytes: float
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The labels of the nodes this kernel computed."""
+        return tuple(self.label.split("+"))
 
     @property
     def gbps(self) -> float:
@@ -113,6 +117,7 @@ class Head:
         self._path = path
         self._route = route
         self._spec = HeadSpec(**core.spec)
+        self._ranks_on_device = bool(core.caps["ranks_on_device"]) and pinned is None
 
     @classmethod
     def load(
@@ -124,6 +129,7 @@ class Head:
         acts: str = "f32",
         threads: Optional[int] = None,
         mmap: bool = True,
+        fuse: bool = True,
         **overrides: Any,
     ) -> "Head":
         """Load the head of the GGUF model at ``path``.
@@ -140,6 +146,10 @@ class Head:
             mmap: map the file and read the weights in place (default), or ``False`` to
                 read the whole file into private memory at load: nothing done to the file
                 afterwards can reach the head.
+            fuse: run the adjacent nodes the route allows to fuse (the norm with γ; on
+                ``fused``/``canonical`` the epilogue with the matvec) as one kernel where
+                the device has one -- the same bytes either way; ``False`` runs and
+                profiles every node on its own (``Head.steps`` lists the kernels).
             **overrides: switch a step: ``softcap=None`` or ``softcap=20.0``,
                 ``logit_scale=None`` or a value, ``eps=1e-6``,
                 ``output_weight="token_embd.weight"``, ``arch="gemma2"``.
@@ -155,12 +165,13 @@ class Head:
         path = os.fspath(path)
         if isinstance(path, bytes):
             path = os.fsdecode(path)
-        if not isinstance(mmap, bool):
-            raise TypeError(f"mmap must be a bool, got {type(mmap).__name__}")
+        for name, flag in (("mmap", mmap), ("fuse", fuse)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
         if route == "pinned" and device != "cpu":
             raise ValueError("route='pinned' runs llama.cpp's ggml CPU backend; use device='cpu'")
         core_route = "graph" if route == "pinned" else route
-        core = _core.Head.load(path, device, core_route, acts, int(threads or 0), bool(mmap), dict(overrides))
+        core = _core.Head.load(path, device, core_route, acts, int(threads or 0), mmap, fuse, dict(overrides))
         pinned = None
         if route == "pinned":
             from . import pinned as _pinned  # optional dependency: llama-cpp-python
@@ -195,6 +206,19 @@ class Head:
     def nodes(self) -> list[tuple[str, str]]:
         """The route's nodes in order, as ``(label, kind)`` pairs."""
         return list(self._core.nodes)
+
+    @property
+    def steps(self) -> list[tuple[str, ...]]:
+        """The kernels the device runs, in order: each the labels of the nodes it contains
+        (one, or several the device fuses)."""
+        return [tuple(s) for s in self._core.steps]
+
+    @property
+    def caps(self) -> dict[str, Any]:
+        """What the head's device can do: ``resident_logits`` (``on_device=True``),
+        ``ranks_on_device`` (argmax/top-k where the logits are), ``max_topk``,
+        ``dlpack_device``, ``ordinal``."""
+        return dict(self._core.caps)
 
     @property
     def weight_bytes(self) -> int:
@@ -245,12 +269,12 @@ class Head:
 
         CUDA heads also take ``hidden`` in GPU memory (CuPy, PyTorch: anything with
         ``__cuda_array_interface__`` or CUDA ``__dlpack__``), and ``on_device=True``
-        returns the logits as a :class:`muser._cuda.DeviceArray` -- the head's device
+        returns the logits as a :class:`muser.DeviceArray` -- the head's device
         buffer without a copy, for ``torch.from_dlpack`` / ``cupy.asarray``. A device
         hidden state with ``on_device=False`` gives a new host array.
         """
-        if on_device or _cuda.is_device_array(hidden):
-            return _cuda.call(self, hidden, on_device=on_device, out=out, check_finite=check_finite)
+        if on_device or _device.is_device_array(hidden):
+            return _device.call(self, hidden, on_device=on_device, out=out, check_finite=check_finite)
         rows, single = self._rows(hidden)
         if out is not None:
             self._check_out(out, rows.shape[0], single)
@@ -291,8 +315,8 @@ class Head:
         Ties go to the lowest token id; NaN never wins. The soft cap is strictly
         increasing, so this is also the argmax of the uncapped scores.
         """
-        if self.device.startswith("cuda"):
-            return _cuda.argmax(self, hidden)  # ranked on the GPU: only the ids come back
+        if self._ranks_on_device:
+            return _device.argmax(self, hidden)  # ranked on the device: only the ids come back
         rows, single = self._rows(hidden)
         ids = np.asarray(_core.argmax_rows(self(rows)), dtype=np.int64)
         return int(ids[0]) if single else ids
@@ -302,8 +326,8 @@ class Head:
 
         Ties go to the lowest token id.
         """
-        if self.device.startswith("cuda"):
-            return _cuda.topk(self, hidden, k)  # ranked on the GPU: only the winners come back
+        if self._ranks_on_device:
+            return _device.topk(self, hidden, k)  # ranked on the device: only the winners come back
         rows, single = self._rows(hidden)
         ids, vals = _core.topk_rows(self(rows), int(k))
         ids = np.asarray(ids, dtype=np.int64).reshape(rows.shape[0], k)
@@ -311,10 +335,12 @@ class Head:
         return (ids[0], vals[0]) if single else (ids, vals)
 
     def profile(self, hidden: Any) -> list[NodeProfile]:
-        """Run once and report each node's time and bytes under its own label.
+        """Run once and report each kernel's time and bytes under the labels of its nodes.
 
         The LM-head matvec is booked under ``"lm_head"``, never under a soft-cap
-        label (each node is timed from its own start to its own end).
+        label alone: each kernel is timed from its own start to its own end, and a
+        kernel that fuses the soft cap into the matvec is named ``"lm_head+softcap"``.
+        Load with ``fuse=False`` to time every node on its own.
         """
         if self._pinned is not None:
             raise ValueError("profile() is not available for route='pinned'")

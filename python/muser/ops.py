@@ -1,5 +1,7 @@
-"""Low-level kernels, one node at a time, on the CPU. The routes are built from
-these; the parity tests compare each against ggml's own node."""
+"""A route's own nodes over caller arrays, on the CPU device: the epilogue and the
+norm are exactly the nodes ``build_route`` emits (so the parity tests, which
+compare each against ggml's own node, test the route itself); the matvec runs
+one weight matrix on a chosen ISA twin."""
 from __future__ import annotations
 
 from typing import Optional
@@ -16,19 +18,30 @@ def _2d(a: np.ndarray, name: str) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(1, -1) if a.ndim == 1 else a)
 
 
-def epilogue(logits: np.ndarray, scale: float, cap: float, route: str = "graph") -> np.ndarray:
-    """Scale and soft-cap ``logits`` (float32 ``[t, V]``) as ``route`` does; ``cap=0`` means no cap."""
-    return _core.ops_epilogue(_2d(logits, "logits"), float(scale), float(cap), route)
+def epilogue(logits: np.ndarray, scale: float, cap: float, route: str = "graph", *, fuse: bool = True) -> np.ndarray:
+    """Scale and soft-cap ``logits`` (float32 ``[t, V]``) with the nodes ``route`` emits
+    after its LM head (``build_route``, run on the CPU device); ``cap=0`` means no cap.
+    Returns a new array."""
+    return _core.ops_route("epilogue", route, _2d(logits, "logits"), scale=float(scale), cap=float(cap), fuse=fuse)
 
 
-def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float, order: str = "ggml") -> np.ndarray:
-    """RMSNorm(x)·γ per row of ``x`` (float32 ``[t, H]``) in ``order`` ("ggml" or "canonical")."""
-    return _core.ops_norm(_2d(x, "x"), np.ascontiguousarray(gamma, dtype=np.float32), float(eps), "rms", order)
+def _norm(kind: str, x: np.ndarray, gamma: np.ndarray, eps: float, order: str, fuse: bool) -> np.ndarray:
+    if order not in ("ggml", "canonical"):
+        raise ValueError(f"order must be 'ggml' or 'canonical', got {order!r}")
+    route = "canonical" if order == "canonical" else "graph"  # every non-canonical route runs ggml's order
+    return _core.ops_route("norm", route, _2d(x, "x"), norm=kind, eps=float(eps),
+                           gamma=np.ascontiguousarray(gamma, dtype=np.float32), fuse=fuse)
 
 
-def layer_norm(x: np.ndarray, gamma: np.ndarray, eps: float, order: str = "ggml") -> np.ndarray:
-    """LayerNorm(x)·γ per row of ``x`` (float32 ``[t, H]``), no bias."""
-    return _core.ops_norm(_2d(x, "x"), np.ascontiguousarray(gamma, dtype=np.float32), float(eps), "layer", order)
+def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float, order: str = "ggml", *, fuse: bool = True) -> np.ndarray:
+    """RMSNorm(x)·γ per row of ``x`` (float32 ``[t, H]``) in ``order`` ("ggml" or "canonical"):
+    the route's own norm and γ nodes on the CPU device. Returns a new array."""
+    return _norm("rms", x, gamma, eps, order, fuse)
+
+
+def layer_norm(x: np.ndarray, gamma: np.ndarray, eps: float, order: str = "ggml", *, fuse: bool = True) -> np.ndarray:
+    """LayerNorm(x)·γ per row of ``x`` (float32 ``[t, H]``), no bias: the route's own nodes."""
+    return _norm("layer", x, gamma, eps, order, fuse)
 
 
 def matvec(w: np.ndarray, weight_type: str, x: np.ndarray, *, order: str = "canonical", acts: str = "f32",

@@ -1,7 +1,12 @@
-// The backend interface: a device owns one pipeline per node kind, keeps the
-// weights where its kernels read them (the mmap on the CPU, uploaded once on
-// a GPU) and runs a route's nodes in order with a barrier between them.
+// The backend interface. A device is prepared once per head with the spec,
+// the weights and the route's nodes, and builds its plan then (pipelines, the
+// steps it fuses, graphs); a call only runs that plan. What only some devices
+// can do (logits that stay in device memory, top-k on the device, a device
+// scan for NaN) is a virtual with a host default, and callers ask caps()
+// instead of testing a device's name.
 #pragma once
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,11 +26,19 @@ struct WeightView {
   const uint8_t* data = nullptr;
 };
 
+// The bytes the weights point into: the GGUF file's mapping (or its private
+// copy), page-aligned, so a device can wrap it without a copy (Metal's
+// newBufferWithBytesNoCopy). Empty for weights that live elsewhere.
+struct HostMapping {
+  const uint8_t* base = nullptr;
+  size_t size = 0;   // bytes
+  size_t page = 0;   // the host's page size; base is a multiple of it
+};
+
 struct HeadWeights {
   WeightView output;
   std::vector<float> gamma;  // [H]
-  std::vector<float> beta;   // [H] or empty
-  std::vector<float> bias;   // [V] or empty
+  HostMapping mapping;
 };
 
 // Host memory a device writes logits into. Python views of it hold a
@@ -42,35 +55,98 @@ struct HostBuffer {
   }
 };
 
+// Memory of a device with memory of its own (a GPU), freed with its last owner.
+struct ResidentBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  virtual ~ResidentBuffer() = default;
+};
+
 struct NodeTiming {
-  std::string label;
-  std::string kind;
+  std::string label;  // the step's nodes' labels joined by '+' ("lm_head+softcap")
+  std::string kind;   // their kinds, joined the same way
   double seconds = 0;
-  double bytes = 0;  // bytes the node must move (reads + writes)
+  double bytes = 0;  // bytes the step must move (reads + writes)
+};
+
+// What a device can do beyond run(). The defaults are the CPU's.
+struct DeviceCaps {
+  bool resident_logits = false;  // run_resident(): logits stay in device memory
+  bool ranks_on_device = false;  // topk() ranks resident logits on the device
+  int dlpack_device = 1;         // DLPack device type of its memory (1 = kDLCPU, 2 = kDLCUDA, 8 = kDLMetal)
+  int ordinal = 0;
+  int max_topk = 0;              // largest k topk() takes (0: any k up to V)
 };
 
 class Device {
  public:
   virtual ~Device() = default;
   virtual std::string name() const = 0;
-  // Called once at load; the weights' bytes stay valid for the device's life.
-  virtual void prepare(const HeadSpec& spec, const HeadWeights& weights) = 0;
+  virtual DeviceCaps caps() const { return {}; }
+  // Called once at load with the route's nodes. The weights' bytes stay valid
+  // for the device's life. `fuse`: run the adjacent nodes the route allows to
+  // fuse as one kernel where the device has that kernel (plan_steps).
+  virtual void prepare(const HeadSpec& spec, const HeadWeights& weights, const std::vector<Node>& nodes,
+                       bool fuse) = 0;
+  // The nodes and the steps (each one kernel) prepare() planned.
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<Step>& steps() const { return steps_; }
   // Whether a step reads the weights' host bytes (the GGUF mapping) rather
   // than a copy made at prepare: then a file changed after load matters.
   virtual bool reads_host_weights() const { return true; }
   // Host memory for n floats (pinned on GPUs, 64-byte aligned on the CPU).
   virtual std::shared_ptr<HostBuffer> alloc_host(size_t n);
-  // Run the nodes on t hidden states (host memory, [t x H]) into logits
-  // (host memory, [t x V]). When timings is non-null, one entry per node.
-  virtual void run(const std::vector<Node>& nodes, Acts acts, const float* hidden, int t, float* logits,
-                   std::vector<NodeTiming>* timings) = 0;
+  // Runs the prepared nodes on t hidden states (host memory, [t x H]) into
+  // logits (host memory, [t x V]). When timings is non-null, one entry per step.
+  virtual void run(const float* hidden, int t, float* logits, std::vector<NodeTiming>* timings) = 0;
+
+  // ---- abilities (caps()); the defaults throw DeviceError or work on host memory ----
+  // Runs into logits that stay in device memory: a pooled buffer nothing else
+  // holds. hidden is host memory, or this device's when hidden_resident.
+  virtual std::shared_ptr<ResidentBuffer> run_resident(const float* hidden, bool hidden_resident, int t,
+                                                       std::vector<NodeTiming>* timings);
+  // The k best of each of t rows of logits [t x V] (resident memory when
+  // caps().ranks_on_device, else host memory), best first, ties to the lower
+  // id, NaN never ahead of a number; ids and vals are host arrays of t*k.
+  virtual void topk(const float* logits, int t, int k, int64_t* ids, float* vals);
+  // Lowest index of a NaN/inf in n floats of this device's memory, or -1.
+  virtual int64_t find_nonfinite(const float* x, int64_t n);
+  // Copies n floats of this device's memory to host memory (synchronous).
+  virtual void download(const float* src, float* dst, size_t n);
+  // The ordinal of the device of this kind that owns p, or -1 when p is not its memory.
+  virtual int owner_of(const void* p) const;
+  // Seconds of each of `reps` runs of the whole prepared route as a call runs
+  // it, after one untimed call (held: behind a stream hold where the device
+  // has one, so host launch latency is not timed).
+  virtual std::vector<double> route_seconds(const float* hidden, bool hidden_resident, int t, int reps, bool held);
+
+ protected:
+  // What every prepare() records first: the spec, the nodes and their steps.
+  void plan(const HeadSpec& spec, const std::vector<Node>& nodes, bool fuse, bool (*fusable)(NodeKind, NodeKind));
+  HeadSpec spec_;
+  std::vector<Node> nodes_;
+  std::vector<Step> steps_;
 };
 
-// "cpu", "cuda", "cuda:N", "metal". Throws DeviceError for a backend this
-// build lacks or a device that is absent. threads <= 0: the default.
+// Ranks t rows of host logits [t x V]: the k best of each, best first, ties to
+// the lower id, NaN after every number (the order every backend's top-k keeps).
+void host_topk(const float* logits, int t, int64_t V, int k, int64_t* ids, float* vals);
+
+// "cpu", "cuda", "cuda:N", "metal" (src/cpp/device.cpp). Throws DeviceError
+// for a backend this build lacks or a device that is absent. threads <= 0:
+// the default.
 std::unique_ptr<Device> make_device(const std::string& name, int threads);
+
+// Each backend's factory; a backend that was not built links a stub that
+// throws DeviceError naming the missing build (src/cpp/stubs/).
+std::unique_ptr<Device> make_cpu_device(int threads);
+std::unique_ptr<Device> make_cuda_device(int ordinal);
+std::unique_ptr<Device> make_metal_device();
 
 // Bytes a node moves for t tokens (for profiles and GB/s).
 double node_bytes(const Node& n, const HeadSpec& spec, const WeightView& w, int t);
+// The same for a step: its nodes' bytes, less the intermediate writes and
+// reads a fused kernel never makes.
+double step_bytes(const std::vector<Node>& nodes, const Step& step, const HeadSpec& spec, const WeightView& w, int t);
 
 }  // namespace muser

@@ -1,5 +1,7 @@
 #include "head.h"
 
+#include <unistd.h>
+
 #include <atomic>
 
 #include "errors.h"
@@ -30,17 +32,12 @@ std::shared_ptr<Head> Head::from_file(std::shared_ptr<GGUFFile> file, const Head
   h->spec_ = read_head_spec(*h->file_, options.overrides);
   const HeadSpec& s = h->spec_;
   const GGUFTensorInfo* w = h->file_->find_tensor(s.output_weight);
-  if (options.acts == Acts::Q8 && (w->type == (uint32_t)GgmlType::F32 || w->type == (uint32_t)GgmlType::F16 ||
-                                   w->type == (uint32_t)GgmlType::BF16))
-    throw ArgValueError("acts='q8' needs a quantized head weight (Q8_0, Q4_K, Q5_K, Q6_K); '" + w->name +
-                        "' is " + type_traits(w->type).name + " (use acts='f32')");
+  h->nodes_ = build_route(options.route, s, options.acts);  // before any upload: refuses what cannot run
   h->weights_.output = {w->type, s.vocab, s.hidden, w->row_bytes(), h->file_->tensor_data(*w)};
   h->weights_.gamma = vector_tensor(*h->file_, s.norm_weight);
-  if (!s.norm_bias.empty()) h->weights_.beta = vector_tensor(*h->file_, s.norm_bias);
-  if (!s.output_bias.empty()) h->weights_.bias = vector_tensor(*h->file_, s.output_bias);
-  h->nodes_ = build_route(options.route, s);
+  h->weights_.mapping = {h->file_->base(), (size_t)h->file_->file_size(), (size_t)::sysconf(_SC_PAGESIZE)};
   h->device_ = make_device(options.device, options.threads);
-  h->device_->prepare(s, h->weights_);
+  h->device_->prepare(s, h->weights_, h->nodes_, options.fuse);
   return h;
 }
 
@@ -81,7 +78,7 @@ std::shared_ptr<HostBuffer> Head::run(const float* hidden, int t, float* out, st
     last_ = buf;
     out = buf->data;
   }
-  device_->run(nodes_, options_.acts, hidden, t, out, timings);
+  device_->run(hidden, t, out, timings);
   return buf;
 }
 

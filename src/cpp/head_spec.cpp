@@ -164,8 +164,7 @@ HeadSpec read_head_spec(const GGUFFile& f, const SpecOverrides& ov) {
   s.norm_weight = "output_norm.weight";
   check_vector_tensor(f, need_tensor(f, s.norm_weight, "final norm weight"), s.hidden, "final norm weight");
   // None of the architectures with a rule reads output_norm.bias (llama.cpp's
-  // build_norm(..., NULL, ...) for all of them), so a file's bias is ignored;
-  // the AddBeta node exists for architectures whose graphs do use one.
+  // build_norm(..., NULL, ...) for all of them), so a file's bias is ignored.
 
   // output weight: output.weight, else the tied token embedding
   if (ov.output_weight) {
@@ -189,7 +188,7 @@ HeadSpec read_head_spec(const GGUFFile& f, const SpecOverrides& ov) {
                 std::to_string(s.hidden));
   s.vocab = w.shape[1];
   s.output_type = w.type;
-  // Likewise no rule's graph adds output.bias after the LM head.
+  // Likewise no rule's graph adds output.bias after the LM head (none has a node for it).
 
   // logit scale
   s.scale_mode = rule.scale_mode;

@@ -25,10 +25,8 @@ struct HeadSpec {
   float eps = 1e-5f;
   std::string eps_source;      // metadata key, "override" or "default"
   std::string norm_weight;     // tensor name of gamma
-  std::string norm_bias;       // tensor name of beta, empty when none
   std::string output_weight;   // "output.weight", or the tied "token_embd.weight"
   bool tied = false;
-  std::string output_bias;     // empty when none
   uint32_t output_type = 0;    // ggml type id of the output weight
   ScaleMode scale_mode = ScaleMode::None;
   float logit_scale = 1.0f;    // as stored in metadata (or overridden)

@@ -1,6 +1,7 @@
 #include "route.h"
 
 #include "errors.h"
+#include "muser/quant_blocks.h"
 
 namespace muser {
 
@@ -36,10 +37,10 @@ const char* node_kind_name(NodeKind k) {
     case NodeKind::LayerNorm: return "layer_norm";
     case NodeKind::LayerNormCanon: return "layer_norm_canonical";
     case NodeKind::MulGamma: return "mul";
-    case NodeKind::AddBeta: return "add";
     case NodeKind::MatvecReference: return "mul_mv_reference";
-    case NodeKind::Matvec: return "mul_mv";
-    case NodeKind::AddBias: return "add_bias";
+    case NodeKind::MatvecCanon: return "mul_mv";
+    case NodeKind::MatvecQ8: return "mul_mv_q8";
+    case NodeKind::MatvecQ8Reference: return "mul_mv_q8_reference";
     case NodeKind::Scale: return "scale";
     case NodeKind::Tanh: return "tanh";
     case NodeKind::SoftcapFused: return "scale_softcap";
@@ -49,17 +50,62 @@ const char* node_kind_name(NodeKind k) {
   return "?";
 }
 
-std::vector<Node> build_route(Route route, const HeadSpec& s) {
+bool is_matvec(NodeKind k) {
+  switch (k) {
+    case NodeKind::MatvecReference:
+    case NodeKind::MatvecCanon:
+    case NodeKind::MatvecQ8:
+    case NodeKind::MatvecQ8Reference: return true;
+    case NodeKind::RmsNorm:
+    case NodeKind::RmsNormCanon:
+    case NodeKind::LayerNorm:
+    case NodeKind::LayerNormCanon:
+    case NodeKind::MulGamma:
+    case NodeKind::Scale:
+    case NodeKind::Tanh:
+    case NodeKind::SoftcapFused:
+    case NodeKind::SoftcapReference:
+    case NodeKind::SoftcapCanon: return false;
+  }
+  return false;
+}
+
+bool q8_activations_for(uint32_t weight_type) {
+  switch (static_cast<GgmlType>(weight_type)) {
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+    case GgmlType::Q8_0: return true;
+    default: return false;
+  }
+}
+
+bool is_norm(NodeKind k) {
+  return k == NodeKind::RmsNorm || k == NodeKind::RmsNormCanon || k == NodeKind::LayerNorm ||
+         k == NodeKind::LayerNormCanon;
+}
+
+std::vector<Node> build_route(Route route, const HeadSpec& s, Acts acts) {
+  if (acts == Acts::Q8 && !q8_activations_for(s.output_type))
+    throw ArgValueError(std::string("acts='q8' quantizes the activations to int8 as ggml's CPU does for "
+                                    "Q4_K, Q5_K, Q6_K and Q8_0 weights; ") +
+                        s.output_weight + " is " + type_traits(s.output_type).name +
+                        " (ggml multiplies float weights with float activations): use acts='f32'");
   std::vector<Node> nodes;
   const bool canon = route == Route::Canonical;
+  // the reference route is the oracle: one node, one kernel, nothing fused
+  const bool may_fuse = route != Route::Reference;
   if (s.norm == NormKind::Rms)
     nodes.push_back({canon ? NodeKind::RmsNormCanon : NodeKind::RmsNorm, labels::kFinalNorm, s.eps});
   else
     nodes.push_back({canon ? NodeKind::LayerNormCanon : NodeKind::LayerNorm, labels::kFinalNorm, s.eps});
+  // γ is one multiply per element after the norm's own rounding: the same bytes in one pass
+  nodes.back().fuses_with_next = may_fuse;
   nodes.push_back({NodeKind::MulGamma, labels::kFinalNormGamma});
-  if (!s.norm_bias.empty()) nodes.push_back({NodeKind::AddBeta, labels::kFinalNormBeta});
-  nodes.push_back({route == Route::Reference ? NodeKind::MatvecReference : NodeKind::Matvec, labels::kLmHead});
-  if (!s.output_bias.empty()) nodes.push_back({NodeKind::AddBias, labels::kOutputBias});
+  const bool reference = route == Route::Reference;
+  const NodeKind mv = acts == Acts::Q8 ? (reference ? NodeKind::MatvecQ8Reference : NodeKind::MatvecQ8)
+                                       : (reference ? NodeKind::MatvecReference : NodeKind::MatvecCanon);
+  nodes.push_back({mv, labels::kLmHead});
 
   const bool has_scale = s.scale_mode != ScaleMode::None;
   const float scale = s.applied_scale();
@@ -70,6 +116,7 @@ std::vector<Node> build_route(Route route, const HeadSpec& s) {
       if (has_cap) nodes.push_back({NodeKind::SoftcapReference, labels::kSoftcap, 0, s.softcap, s.inv_softcap()});
       break;
     case Route::Graph:
+      // ggml's own nodes, each its own kernel: that separation is the route's promise
       if (has_scale) nodes.push_back({NodeKind::Scale, labels::kLogitScale, scale});
       if (has_cap) {
         nodes.push_back({NodeKind::Scale, labels::kSoftcapIn, s.inv_softcap()});
@@ -78,19 +125,36 @@ std::vector<Node> build_route(Route route, const HeadSpec& s) {
       }
       break;
     case Route::Fused:
+    case Route::Canonical: {
+      // one element-wise epilogue, applied to each logit once the matvec wrote
+      // it: fusing it into the matvec's store changes no byte
+      const NodeKind cap_kind = canon ? NodeKind::SoftcapCanon : NodeKind::SoftcapFused;
       if (has_cap)
-        nodes.push_back({NodeKind::SoftcapFused, labels::kSoftcap, scale, s.softcap});
+        nodes.push_back({cap_kind, labels::kSoftcap, scale, s.softcap, canon ? s.inv_softcap() : 0.0f});
       else if (has_scale)
         nodes.push_back({NodeKind::Scale, labels::kLogitScale, scale});
+      if (has_cap || has_scale) nodes[nodes.size() - 2].fuses_with_next = true;
       break;
-    case Route::Canonical:
-      if (has_cap)
-        nodes.push_back({NodeKind::SoftcapCanon, labels::kSoftcap, scale, s.softcap, s.inv_softcap()});
-      else if (has_scale)
-        nodes.push_back({NodeKind::Scale, labels::kLogitScale, scale});
-      break;
+    }
   }
   return nodes;
+}
+
+std::vector<Step> plan_steps(const std::vector<Node>& nodes, bool fuse, bool (*fusable)(NodeKind, NodeKind)) {
+  std::vector<Step> steps;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (fuse && !steps.empty() && nodes[i - 1].fuses_with_next && fusable(nodes[i - 1].kind, nodes[i].kind))
+      ++steps.back().count;
+    else
+      steps.push_back({i, 1});
+  }
+  return steps;
+}
+
+std::string step_label(const std::vector<Node>& nodes, const Step& step) {
+  std::string label;
+  for (size_t i = step.first; i < step.first + step.count; ++i) label += (label.empty() ? "" : "+") + nodes[i].label;
+  return label;
 }
 
 }  // namespace muser

@@ -78,9 +78,10 @@ DeviceScope::~DeviceScope() {
   if (previous_ >= 0) (void)cudaSetDevice(previous_);
 }
 
-DeviceMemory::DeviceMemory(size_t n, int dev, const char* what) : bytes(n), ordinal(dev) {
+DeviceMemory::DeviceMemory(size_t n, int dev, const char* what) : ordinal(dev) {
   DeviceScope scope(dev);
   ptr = device_alloc(n, what, dev);
+  bytes = n;
 }
 
 DeviceMemory::~DeviceMemory() {
@@ -184,15 +185,20 @@ struct Scratch {
   }
 };
 
-class CudaDeviceImpl final : public CudaDevice {
+// What this backend fuses: the norm with γ (norm_kernel's gamma).
+bool cuda_fusable(NodeKind a, NodeKind b) { return is_norm(a) && b == NodeKind::MulGamma; }
+
+bool is_q8(NodeKind k) { return k == NodeKind::MatvecQ8 || k == NodeKind::MatvecQ8Reference; }
+
+class CudaDevice final : public Device {
  public:
-  explicit CudaDeviceImpl(int ordinal) : ordinal_(ordinal) {
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
     DeviceScope scope(ordinal_);
     check(cudaSetDevice(ordinal_), "cudaSetDevice");
     check(cudaStreamCreate(&stream_), "cudaStreamCreate");
   }
 
-  ~CudaDeviceImpl() override {
+  ~CudaDevice() override {
     DeviceScope scope(ordinal_);
     slots_.clear();
     for (auto& e : events_) {
@@ -204,23 +210,32 @@ class CudaDeviceImpl final : public CudaDevice {
   }
 
   std::string name() const override { return "cuda:" + std::to_string(ordinal_); }
-  int ordinal() const override { return ordinal_; }
+  DeviceCaps caps() const override {
+    DeviceCaps c;
+    c.resident_logits = true;
+    c.ranks_on_device = true;
+    c.dlpack_device = 2;  // kDLCUDA
+    c.ordinal = ordinal_;
+    c.max_topk = kMaxTopK;
+    return c;
+  }
   bool reads_host_weights() const override { return false; }  // uploaded at prepare
+  int owner_of(const void* p) const override { return pointer_device(p); }
 
-  void prepare(const HeadSpec& spec, const HeadWeights& w) override {
+  void prepare(const HeadSpec& spec, const HeadWeights& w, const std::vector<Node>& nodes, bool fuse) override {
     DeviceScope scope(ordinal_);
     if (!matvec_supports(w.output.type))
       throw DeviceError(std::string("device '") + name() + "': no CUDA kernel for LM-head weight type " +
                         (type_traits(w.output.type).name ? type_traits(w.output.type).name : "?"));
-    spec_ = spec;
+    plan(spec, nodes, fuse, cuda_fusable);
+    q8_ = false;
+    for (const Node& n : nodes) q8_ = q8_ || is_q8(n.kind);
     out_ = w.output;
     weight_ = std::make_unique<DeviceMemory>(device_weight_bytes(out_.type, out_.rows, out_.row_bytes), ordinal_,
                                              "the LM-head weight");
     upload_weight(static_cast<uint8_t*>(weight_->ptr), out_.data, out_.type, out_.rows, out_.row_bytes, ordinal_,
                   stream_);
     gamma_ = upload(w.gamma, "the final-norm weight");
-    beta_ = upload(w.beta, "the final-norm bias");
-    bias_ = upload(w.bias, "the LM-head bias");
     out_.data = nullptr;  // the host bytes are not used after the upload
   }
 
@@ -244,9 +259,8 @@ class CudaDeviceImpl final : public CudaDevice {
     return buf;
   }
 
-  void run(const std::vector<Node>& nodes, Acts acts, const float* hidden, int t, float* logits,
-           std::vector<NodeTiming>* timings) override {
-    auto dev_logits = run_to_device(nodes, acts, hidden, false, t, timings);
+  void run(const float* hidden, int t, float* logits, std::vector<NodeTiming>* timings) override {
+    auto dev_logits = run_resident(hidden, false, t, timings);
     DeviceScope scope(ordinal_);
     check(cudaMemcpyAsync(logits, dev_logits->ptr, (size_t)t * spec_.vocab * sizeof(float), cudaMemcpyDeviceToHost,
                           stream_),
@@ -254,14 +268,8 @@ class CudaDeviceImpl final : public CudaDevice {
     check(cudaStreamSynchronize(stream_), "download of the logits (synchronize)");
   }
 
-  std::shared_ptr<DeviceMemory> run_to_device(const std::vector<Node>& nodes, Acts acts, const float* hidden,
-                                              bool hidden_on_device, int t,
-                                              std::vector<NodeTiming>* timings) override {
-    if (acts == Acts::Q8 && !q8_supported(out_.type))
-      throw ArgValueError(std::string("acts='q8' quantizes the activations to int8 as ggml's CPU does for "
-                                      "Q4_K, Q5_K, Q6_K and Q8_0 weights; ") +
-                          spec_.output_weight + " is " + type_traits(out_.type).name +
-                          " (ggml multiplies float weights with float activations): use acts='f32'");
+  std::shared_ptr<ResidentBuffer> run_resident(const float* hidden, bool hidden_on_device, int t,
+                                               std::vector<NodeTiming>* timings) override {
     if (t < 1) throw ArgValueError("t must be >= 1");
     DeviceScope scope(ordinal_);
     const int64_t H = spec_.hidden, V = spec_.vocab;
@@ -278,49 +286,51 @@ class CudaDeviceImpl final : public CudaDevice {
     std::shared_ptr<DeviceMemory> result = slot ? slot->mem : std::make_shared<DeviceMemory>(lbytes, ordinal_, "logits");
     float* logits = static_cast<float*>(result->ptr);
 
-    acts_ = acts;
-    if (acts == Acts::Q8) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
+    if (q8_) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
     last_graph_ = nullptr;
     if (!timings && slot) {
       // The route runs as one CUDA graph, captured once per shape and buffers
       // and replayed: the GPU gets every node at once (no launch gaps between
       // them) and the host pays one launch. Each pooled logits buffer has its
       // own graph, so alternating buffers costs no graph update.
-      cudaGraphExec_t exec = route_graph(slot->graph, nodes, x, normed, logits, t);
+      cudaGraphExec_t exec = route_graph(slot->graph, x, normed, logits, t);
       check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch (route)");
       check(cudaStreamSynchronize(stream_), "the route's kernels (synchronize)");
       last_graph_ = exec;
     } else if (!timings) {
-      // every pooled buffer is held: a one-off buffer, its nodes launched directly
-      for (const Node& n : nodes) enqueue(n, x, normed, logits, t);
+      // every pooled buffer is held: a one-off buffer, its steps launched directly
+      for (const Step& st : steps_) enqueue(st, x, normed, logits, t);
       check(cudaStreamSynchronize(stream_), "the route's kernels (synchronize)");
     } else {
       // Profile: the nodes, each between two event records, are captured into a
       // CUDA graph and launched at once, so the GPU runs them back to back and
       // no node's time includes the host's launch latency (which it would when
       // the GPU waits for the next launch: small nodes would look slow).
-      ensure_events(nodes.size());
-      cudaGraphExec_t exec = capture(nodes, x, normed, logits, t, true);
+      ensure_events(steps_.size());
+      cudaGraphExec_t exec = capture(x, normed, logits, t, true);
       const cudaError_t launched = cudaGraphLaunch(exec, stream_);
       const cudaError_t synced = cudaStreamSynchronize(stream_);
       cudaGraphExecDestroy(exec);
       check(launched, "cudaGraphLaunch (profile)");
       check(synced, "the route's kernels (synchronize)");
-      for (size_t i = 0; i < nodes.size(); ++i) {
+      for (size_t i = 0; i < steps_.size(); ++i) {
         float ms = 0;
         check(cudaEventElapsedTime(&ms, events_[i].first, events_[i].second), "cudaEventElapsedTime");
-        timings->push_back({nodes[i].label, node_kind_name(nodes[i].kind), ms * 1e-3,
-                            node_bytes(nodes[i], spec_, out_, t)});
+        std::string kinds;
+        for (size_t k = steps_[i].first; k < steps_[i].first + steps_[i].count; ++k)
+          kinds += (kinds.empty() ? "" : "+") + std::string(node_kind_name(nodes_[k].kind));
+        timings->push_back({step_label(nodes_, steps_[i]), kinds, ms * 1e-3,
+                            step_bytes(nodes_, steps_[i], spec_, out_, t)});
       }
     }
     return result;
   }
 
-  std::vector<double> route_seconds(const std::vector<Node>& nodes, Acts acts, const float* hidden,
-                                    bool hidden_on_device, int t, int reps, bool held) override {
+  std::vector<double> route_seconds(const float* hidden, bool hidden_on_device, int t, int reps,
+                                    bool held) override {
     if (reps < 1) throw ArgValueError("reps must be >= 1, got " + std::to_string(reps));
-    // buffers, the graph, a warm-up; `held` keeps its logits buffer (and so its graph) ours while timing
-    const auto held_logits = run_to_device(nodes, acts, hidden, hidden_on_device, t, nullptr);
+    // buffers, the graph, a warm-up; keeping its logits buffer keeps it (and so its graph) ours while timing
+    const auto timed_logits = run_resident(hidden, hidden_on_device, t, nullptr);
     if (!last_graph_) throw DeviceError("route_seconds: every pooled logits buffer is held by a view; let one go");
     const cudaGraphExec_t exec = last_graph_;
     DeviceScope scope(ordinal_);
@@ -340,6 +350,9 @@ class CudaDeviceImpl final : public CudaDevice {
   }
 
   void topk(const float* logits, int t, int k, int64_t* ids, float* vals) override {
+    if (k < 1 || k > kMaxTopK || k > spec_.vocab)
+      throw ArgValueError("k must be in [1, min(V, " + std::to_string(kMaxTopK) + ")] for top-k on the GPU, got " +
+                          std::to_string(k));
     DeviceScope scope(ordinal_);
     const int64_t V = spec_.vocab;
     void* scratch = topk_scratch_.ensure(topk_scratch_bytes(V, t, k), ordinal_, "top-k scratch");
@@ -370,15 +383,12 @@ class CudaDeviceImpl final : public CudaDevice {
   }
 
  private:
+  // What a captured graph depends on besides the prepared steps (fixed for the device's life).
   struct RouteKey {
-    const Node* nodes = nullptr;
-    size_t count = 0;
-    Acts acts = Acts::F32;
     int t = 0;
     const void *x = nullptr, *normed = nullptr, *logits = nullptr, *acts_q8 = nullptr;
     bool operator==(const RouteKey& o) const {
-      return nodes == o.nodes && count == o.count && acts == o.acts && t == o.t && x == o.x && normed == o.normed &&
-             logits == o.logits && acts_q8 == o.acts_q8;
+      return t == o.t && x == o.x && normed == o.normed && logits == o.logits && acts_q8 == o.acts_q8;
     }
   };
   struct RouteGraph {
@@ -427,31 +437,28 @@ class CudaDeviceImpl final : public CudaDevice {
     return small;
   }
 
-  // Launches one node on the stream (the stream order is the barrier).
-  void enqueue(const Node& n, const float* x, float* normed, float* logits, int t) {
+  // Launches one step on the stream (the stream order is the barrier).
+  void enqueue(const Step& st, const float* x, float* normed, float* logits, int t) {
+    const Node& n = nodes_[st.first];
     const int64_t H = spec_.hidden, V = spec_.vocab, nl = (int64_t)t * V;
+    const float* gamma = st.count > 1 ? gamma_f() : nullptr;  // cuda_fusable: only γ joins a norm
     switch (n.kind) {
-      case NodeKind::RmsNorm: rms_norm(x, normed, H, t, n.f0, NormOrder::Ggml, stream_); break;
-      case NodeKind::RmsNormCanon: rms_norm(x, normed, H, t, n.f0, NormOrder::Canonical, stream_); break;
-      case NodeKind::LayerNorm: layer_norm(x, normed, H, t, n.f0, NormOrder::Ggml, stream_); break;
-      case NodeKind::LayerNormCanon: layer_norm(x, normed, H, t, n.f0, NormOrder::Canonical, stream_); break;
+      case NodeKind::RmsNorm: rms_norm(x, normed, H, t, n.f0, NormOrder::Ggml, gamma, stream_); break;
+      case NodeKind::RmsNormCanon: rms_norm(x, normed, H, t, n.f0, NormOrder::Canonical, gamma, stream_); break;
+      case NodeKind::LayerNorm: layer_norm(x, normed, H, t, n.f0, NormOrder::Ggml, gamma, stream_); break;
+      case NodeKind::LayerNormCanon: layer_norm(x, normed, H, t, n.f0, NormOrder::Canonical, gamma, stream_); break;
       case NodeKind::MulGamma: mul_rows(normed, gamma_f(), H, t, stream_); break;
-      case NodeKind::AddBeta: add_rows(normed, beta_f(), H, t, stream_); break;
-      case NodeKind::Matvec:
-      case NodeKind::MatvecReference:
-        if (acts_ == Acts::Q8) {
-          // quantized once per call, read by every row (booked under the node, as ggml's mul_mat and the CPU do);
-          // the reference route runs the q8 definition too: this kernel is bit-equal to the CPU's scalar one
-          Q8Args q = q8_args(t, logits);
-          quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
-          matvec_q8(q, stream_);
-        } else if (n.kind == NodeKind::Matvec) {
-          matvec_canon(matvec_args(normed, t, logits), stream_);
-        } else {
-          matvec_reference(matvec_args(normed, t, logits), stream_);
-        }
+      case NodeKind::MatvecQ8:
+      case NodeKind::MatvecQ8Reference: {
+        // quantized once per call, read by every row (booked under the node, as ggml's mul_mat and the CPU do);
+        // the reference kind runs the q8 definition too: this kernel is bit-equal to the CPU's scalar one
+        Q8Args q = q8_args(t, logits);
+        quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
+        matvec_q8(q, stream_);
         break;
-      case NodeKind::AddBias: add_rows(logits, bias_f(), V, t, stream_); break;
+      }
+      case NodeKind::MatvecCanon: matvec_canon(matvec_args(normed, t, logits), stream_); break;
+      case NodeKind::MatvecReference: matvec_reference(matvec_args(normed, t, logits), stream_); break;
       case NodeKind::Scale: scale(logits, nl, n.f0, stream_); break;
       case NodeKind::Tanh: tanh_inplace(logits, nl, stream_); break;
       case NodeKind::SoftcapFused: softcap_fused(logits, nl, n.f0, n.f1, stream_); break;
@@ -463,9 +470,8 @@ class CudaDeviceImpl final : public CudaDevice {
   // The nodes captured into an executable graph (with event records around
   // each node when `events`). Launch configurations are fixed at capture, so
   // a graph is valid for the buffers and t it was captured with.
-  cudaGraphExec_t capture(const std::vector<Node>& nodes, const float* x, float* normed, float* logits, int t,
-                          bool events) {
-    cudaGraph_t graph = capture_graph(nodes, x, normed, logits, t, events);
+  cudaGraphExec_t capture(const float* x, float* normed, float* logits, int t, bool events) {
+    cudaGraph_t graph = capture_graph(x, normed, logits, t, events);
     cudaGraphExec_t exec = nullptr;
     const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -473,14 +479,13 @@ class CudaDeviceImpl final : public CudaDevice {
     return exec;
   }
 
-  cudaGraph_t capture_graph(const std::vector<Node>& nodes, const float* x, float* normed, float* logits, int t,
-                            bool events) {
+  cudaGraph_t capture_graph(const float* x, float* normed, float* logits, int t, bool events) {
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
     cudaGraph_t graph = nullptr;
     try {
-      for (size_t i = 0; i < nodes.size(); ++i) {
+      for (size_t i = 0; i < steps_.size(); ++i) {
         if (events) check(cudaEventRecordWithFlags(events_[i].first, stream_, cudaEventRecordExternal), "cudaEventRecord");
-        enqueue(nodes[i], x, normed, logits, t);
+        enqueue(steps_[i], x, normed, logits, t);
         if (events) check(cudaEventRecordWithFlags(events_[i].second, stream_, cudaEventRecordExternal), "cudaEventRecord");
       }
     } catch (...) {
@@ -498,12 +503,10 @@ class CudaDeviceImpl final : public CudaDevice {
   // route is captured again and the executable graph updated in place --
   // cheaper than a new instantiation -- or, when the update is refused,
   // instantiated anew.
-  cudaGraphExec_t route_graph(RouteGraph& g, const std::vector<Node>& nodes, const float* x, float* normed,
-                              float* logits, int t) {
-    const RouteKey key{nodes.data(), nodes.size(), acts_, t, x, normed, logits,
-                       acts_ == Acts::Q8 ? acts_q8_.mem->ptr : nullptr};
+  cudaGraphExec_t route_graph(RouteGraph& g, const float* x, float* normed, float* logits, int t) {
+    const RouteKey key{t, x, normed, logits, q8_ ? acts_q8_.mem->ptr : nullptr};
     if (g.exec && g.key == key) return g.exec;
-    cudaGraph_t graph = capture_graph(nodes, x, normed, logits, t, false);
+    cudaGraph_t graph = capture_graph(x, normed, logits, t, false);
     if (g.exec) {
       cudaGraphExecUpdateResultInfo info{};
       const cudaError_t updated = cudaGraphExecUpdate(g.exec, graph, &info);
@@ -567,16 +570,14 @@ class CudaDeviceImpl final : public CudaDevice {
   }
 
   const float* gamma_f() const { return static_cast<const float*>(gamma_->ptr); }
-  const float* beta_f() const { return static_cast<const float*>(beta_->ptr); }
-  const float* bias_f() const { return static_cast<const float*>(bias_->ptr); }
 
+  static constexpr int kMaxTopK = 1024;  // the top-k kernel's per-row candidate limit (topk.cu)
   int ordinal_;
   cudaStream_t stream_ = nullptr;
-  HeadSpec spec_;
   WeightView out_;  // shape and type of the weight (data: on the device, in weight_)
-  std::unique_ptr<DeviceMemory> weight_, gamma_, beta_, bias_;
+  bool q8_ = false;  // the route's matvec quantizes the activations
+  std::unique_ptr<DeviceMemory> weight_, gamma_;
   Scratch hidden_, normed_, topk_scratch_, topk_out_, flag_, acts_q8_;
-  Acts acts_ = Acts::F32;  // of the call being enqueued
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
 };
 
@@ -584,14 +585,14 @@ class CudaDeviceImpl final : public CudaDevice {
 
 }  // namespace cuda
 
-std::unique_ptr<Device> make_cuda_device(int ordinal, int /*threads: the CPU's knob*/) {
+std::unique_ptr<Device> make_cuda_device(int ordinal) {
   const std::string name = "cuda:" + std::to_string(ordinal);
   const int n = cuda::device_count();
   if (n == 0) throw DeviceError("device '" + name + "': " + cuda::no_device_reason());
   if (ordinal < 0 || ordinal >= n)
     throw DeviceError("device '" + name + "': only " + std::to_string(n) + " CUDA device(s) visible (cuda:0" +
                       (n > 1 ? " .. cuda:" + std::to_string(n - 1) : std::string()) + ")");
-  return std::make_unique<cuda::CudaDeviceImpl>(ordinal);
+  return std::make_unique<cuda::CudaDevice>(ordinal);
 }
 
 }  // namespace muser

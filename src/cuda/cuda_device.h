@@ -1,7 +1,7 @@
-// What the bindings need from the CUDA device beyond muser::Device: running
-// on hidden states already in GPU memory, device logits that outlive the
-// call, top-k on the device. Plain C++ (no CUDA headers), so bindings compile
-// without nvcc; only built when MUSER_HAVE_CUDA.
+// The CUDA backend's helpers the bindings and benches use beyond
+// muser::Device (whose abilities the device implements: resident logits,
+// top-k and the NaN scan on the GPU). Plain C++ (no CUDA headers), so
+// bindings compile without nvcc; only built when MUSER_HAVE_CUDA.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -15,39 +15,12 @@ namespace muser::cuda {
 
 // GPU memory that frees itself when the last owner lets go (views of device
 // logits hold one, so they stay valid after the Head is gone).
-struct DeviceMemory {
-  void* ptr = nullptr;
-  size_t bytes = 0;
+struct DeviceMemory : ResidentBuffer {
   int ordinal = 0;
   DeviceMemory(size_t bytes, int ordinal, const char* what);
-  ~DeviceMemory();
+  ~DeviceMemory() override;
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
-};
-
-class CudaDevice : public Device {
- public:
-  virtual int ordinal() const = 0;
-  // Runs the nodes on t hidden states [t x H] f32 (host memory, or this GPU's
-  // memory when hidden_on_device) into device logits [t x V]. The returned
-  // memory is a pooled buffer that nothing else held: later calls write it
-  // only after every other owner (a Python view) has let go.
-  virtual std::shared_ptr<DeviceMemory> run_to_device(const std::vector<Node>& nodes, Acts acts, const float* hidden,
-                                                      bool hidden_on_device, int t,
-                                                      std::vector<NodeTiming>* timings) = 0;
-  // Device seconds of each of `reps` runs of the whole route as it is
-  // launched for a call (one CUDA graph; no events between its nodes), after
-  // one untimed call with the same arguments. held: each run is enqueued
-  // behind hold_stream, so its time excludes the host's launch latency.
-  virtual std::vector<double> route_seconds(const std::vector<Node>& nodes, Acts acts, const float* hidden,
-                                            bool hidden_on_device, int t, int reps, bool held) = 0;
-  // The k best logits of each of t rows of device logits [t x V] (k <= 1024),
-  // best first; ids and vals are host arrays of t*k.
-  virtual void topk(const float* logits, int t, int k, int64_t* ids, float* vals) = 0;
-  // Lowest index of a NaN/inf in n floats of this GPU's memory, or -1.
-  virtual int64_t find_nonfinite(const float* x, int64_t n) = 0;
-  // Copies n floats of this GPU's memory to host memory (synchronous).
-  virtual void download(const float* src, float* dst, size_t n) = 0;
 };
 
 // GPUs visible to this process; 0 (never an exception) without a driver or GPU.

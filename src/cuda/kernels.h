@@ -15,11 +15,13 @@ enum class NormOrder {
   Ggml,       // ggml's CPU arithmetic: f32 squares summed in double (parallel), IEEE div/sqrt
   Canonical,  // docs/numerics.md: 32 lanes, fmaf, butterfly tree -- bit-equal to the CPU
 };
-void rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream);
-void layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream);
-// y[k, i] = y[k, i] * v[i]  /  y[k, i] = y[k, i] + v[i]  for k < rows, i < n
+// gamma non-null: the fused norm + mul(γ) step (the two nodes' bytes), else the norm alone.
+void rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, const float* gamma,
+              cudaStream_t stream);
+void layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, const float* gamma,
+                cudaStream_t stream);
+// y[k, i] = y[k, i] * v[i] for k < rows, i < n
 void mul_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t stream);
-void add_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t stream);
 
 // ---- epilogue.cu: element-wise over n logits, in place ----
 void scale(float* y, int64_t n, float s, cudaStream_t stream);

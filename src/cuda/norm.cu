@@ -1,6 +1,8 @@
-// The final norm nodes: RMSNorm and LayerNorm (without gamma/beta, which are
-// the mul_rows/add_rows nodes), one CTA of 256 threads per hidden state, the
-// row staged in shared memory when it fits (load_row).
+// The final norm nodes: RMSNorm and LayerNorm, one CTA of 256 threads per
+// hidden state, the row staged in shared memory when it fits (load_row). With
+// gamma, the kernel is the fused norm + mul(γ) step: each element's product
+// with γ is taken on the norm's rounded result, the two nodes' exact bytes;
+// without, γ is the separate mul_rows node.
 //
 // Ggml order (routes graph, fused, reference): ggml's CPU arithmetic -- each
 // square (or value) rounded to f32, summed in double -- with the double sum
@@ -119,9 +121,10 @@ __device__ float norm_inv_scale(const float* xr, float* yr, int64_t H, float eps
   }
 }
 
-// One CTA per hidden state: y = x * r (RMSNorm) or (x - mean) * r (LayerNorm).
+// One CTA per hidden state: y = x * r (RMSNorm) or (x - mean) * r (LayerNorm),
+// then y * gamma when gamma is given.
 template <NormKind kKind, bool kStaged>
-__global__ void norm_kernel(const float* x, float* y, int64_t H, float eps) {
+__global__ void norm_kernel(const float* x, float* y, int64_t H, float eps, const float* gamma) {
   pdl_launch_dependents();
   pdl_wait();
   extern __shared__ float row_smem[];
@@ -129,16 +132,18 @@ __global__ void norm_kernel(const float* x, float* y, int64_t H, float eps) {
   float* yr = y + blockIdx.x * H;
   const float r = norm_inv_scale<kKind>(xr, yr, H, eps);
   const float* src = is_layer_norm(kKind) ? yr : xr;  // each thread reads back only what it wrote
-  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(src[j], r);
+  if (gamma)
+    for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(__fmul_rn(src[j], r), gamma[j]);
+  else
+    for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(src[j], r);
 }
 
-template <bool kMul>
-__global__ void rows_op_kernel(float* y, const float* v, int64_t n, int rows) {
+__global__ void mul_rows_kernel(float* y, const float* v, int64_t n, int rows) {
   pdl_launch_dependents();
   pdl_wait();
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const float vi = v[i];
-    for (int k = 0; k < rows; ++k) y[k * n + i] = kMul ? __fmul_rn(y[k * n + i], vi) : __fadd_rn(y[k * n + i], vi);
+    for (int k = 0; k < rows; ++k) y[k * n + i] = __fmul_rn(y[k * n + i], vi);
   }
 }
 
@@ -148,54 +153,54 @@ constexpr int64_t kStagedRowBytes = 48 * 1024;  // rows up to 12,288 floats are 
 
 // Launches the kernel with the row in shared memory when it fits, else reading it in place.
 template <NormKind kKind>
-void launch_norm(const char* what, const float* x, float* y, int64_t H, int t, float eps, cudaStream_t s) {
+void launch_norm(const char* what, const float* x, float* y, int64_t H, int t, float eps, const float* gamma,
+                 cudaStream_t s) {
   const int64_t row_bytes = H * (int64_t)sizeof(float);
   if (row_bytes <= kStagedRowBytes)
-    launch_pdl(norm_kernel<kKind, true>, dim3(t), dim3(kNormThreads), (size_t)row_bytes, s, what, x, y, H, eps);
+    launch_pdl(norm_kernel<kKind, true>, dim3(t), dim3(kNormThreads), (size_t)row_bytes, s, what, x, y, H, eps,
+               gamma);
   else
-    launch_pdl(norm_kernel<kKind, false>, dim3(t), dim3(kNormThreads), 0, s, what, x, y, H, eps);
+    launch_pdl(norm_kernel<kKind, false>, dim3(t), dim3(kNormThreads), 0, s, what, x, y, H, eps, gamma);
 }
 
-void launch_rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t s) {
-  if (order == NormOrder::Ggml) launch_norm<NormKind::RmsGgml>("rms_norm", x, y, H, t, eps, s);
-  else launch_norm<NormKind::RmsCanon>("rms_norm", x, y, H, t, eps, s);
+void launch_rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, const float* gamma,
+                     cudaStream_t s) {
+  if (order == NormOrder::Ggml) launch_norm<NormKind::RmsGgml>("rms_norm", x, y, H, t, eps, gamma, s);
+  else launch_norm<NormKind::RmsCanon>("rms_norm", x, y, H, t, eps, gamma, s);
 }
 
-void launch_layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t s) {
-  if (order == NormOrder::Ggml) launch_norm<NormKind::LayerGgml>("layer_norm", x, y, H, t, eps, s);
-  else launch_norm<NormKind::LayerCanon>("layer_norm", x, y, H, t, eps, s);
+void launch_layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, const float* gamma,
+                       cudaStream_t s) {
+  if (order == NormOrder::Ggml) launch_norm<NormKind::LayerGgml>("layer_norm", x, y, H, t, eps, gamma, s);
+  else launch_norm<NormKind::LayerCanon>("layer_norm", x, y, H, t, eps, gamma, s);
 }
 
-template <bool kMul>
-void launch_rows_op(float* y, const float* v, int64_t n, int rows, cudaStream_t s) {
+void launch_mul_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t s) {
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 4096);
   if (n > 0 && rows > 0)
-    launch_pdl(rows_op_kernel<kMul>, dim3((unsigned)blocks), dim3(threads), 0, s, "rows_op", y, v, n, rows);
+    launch_pdl(mul_rows_kernel, dim3((unsigned)blocks), dim3(threads), 0, s, "mul_rows", y, v, n, rows);
 }
 
 }  // namespace
 
 // ---- checked entries ----
 
-void rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream) {
-  launch_rms_norm(x, y, H, t, eps, order, stream);
+void rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, const float* gamma,
+              cudaStream_t stream) {
+  launch_rms_norm(x, y, H, t, eps, order, gamma, stream);
   check_launch(order == NormOrder::Ggml ? "rms_norm_ggml" : "rms_norm_canon");
 }
 
-void layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream) {
-  launch_layer_norm(x, y, H, t, eps, order, stream);
+void layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, const float* gamma,
+                cudaStream_t stream) {
+  launch_layer_norm(x, y, H, t, eps, order, gamma, stream);
   check_launch(order == NormOrder::Ggml ? "layer_norm_ggml" : "layer_norm_canon");
 }
 
 void mul_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t stream) {
-  launch_rows_op<true>(y, v, n, rows, stream);
+  launch_mul_rows(y, v, n, rows, stream);
   check_launch("mul_rows");
-}
-
-void add_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t stream) {
-  launch_rows_op<false>(y, v, n, rows, stream);
-  check_launch("add_rows");
 }
 
 }  // namespace muser::cuda

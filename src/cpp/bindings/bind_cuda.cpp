@@ -1,8 +1,7 @@
-// Bindings of the CUDA device beyond what Head.run offers: hidden states
-// already in GPU memory, device logits returned without a copy (a DLPack
-// ndarray whose capsule owns the device buffer and the Head), top-k on the
-// device, and the helpers the tests and the benchmark need (device count,
-// the read-bandwidth kernel). python/muser/_cuda.py wraps these.
+// The CUDA backend's own helpers the tests and the benches need (device
+// count, description, the read-bandwidth kernel, memory info, copies by
+// address). Running a head -- resident logits, top-k on the device -- goes
+// through the Device interface (bind_device.cpp), never through here.
 //
 // In a build without CUDA the same names exist: cuda_device_count() is 0 and
 // the rest raise muser.DeviceError, so Python never needs to ask which build.
@@ -23,7 +22,6 @@
 
 #include "bindings.h"
 #include "errors.h"
-#include "head.h"
 
 #ifdef MUSER_HAVE_CUDA
 #include "cuda_device.h"
@@ -41,79 +39,6 @@ using AnyArray = nb::ndarray<nb::ro>;
   throw DeviceError("this build of muser has no CUDA backend (it was built without nvcc)");
 }
 
-#ifdef MUSER_HAVE_CUDA
-
-cuda::CudaDevice& cuda_device_of(Head& h) {
-  auto* d = dynamic_cast<cuda::CudaDevice*>(&h.device());
-  if (!d) throw ArgValueError("this head runs on '" + h.device().name() + "', not on a CUDA device");
-  return *d;
-}
-
-std::string shape_str(const AnyArray& a) {
-  std::string s = "(";
-  for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
-  return s + (a.ndim() == 1 ? ",)" : ")");
-}
-
-// A host hidden state: float32, [t, H], C-contiguous.
-const float* host_rows(const AnyArray& a, int64_t H) {
-  if (a.dtype() != nb::dtype<float>()) throw ArgTypeError("hidden must be float32");
-  if (a.device_type() != nb::device::cpu::value) throw ArgTypeError("hidden must be in host memory here");
-  if (a.ndim() != 2 || (int64_t)a.shape(1) != H)
-    throw ArgValueError("hidden must have shape (t, " + std::to_string(H) + "), got " + shape_str(a));
-  int64_t expect = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) != 1 && a.stride(i) != expect) throw ArgValueError("hidden must be C-contiguous");
-    expect *= (int64_t)a.shape(i);
-  }
-  return static_cast<const float*>(a.data());
-}
-
-[[noreturn]] void throw_nonfinite(int64_t index, int64_t H, float value) {
-  const int64_t r = index / H, c = index % H;
-  throw NonFiniteError("hidden state row " + std::to_string(r) + ", column " + std::to_string(c) + " is " +
-                       std::to_string(value) + " (pass check_finite=False to compute anyway)");
-}
-
-// Where the hidden rows are: host array or a device pointer of this GPU.
-struct HiddenInput {
-  const float* ptr = nullptr;
-  bool on_device = false;
-};
-
-HiddenInput resolve_hidden(Head& h, cuda::CudaDevice& dev, const std::optional<AnyArray>& host, uint64_t dev_ptr,
-                           int64_t t, bool check_finite) {
-  const int64_t H = h.spec().hidden;
-  if (t < 1 || t > (1 << 20)) throw ArgValueError("t must be in [1, 2^20], got " + std::to_string(t));
-  HiddenInput in;
-  if (host) {
-    in.ptr = host_rows(*host, H);
-    if ((int64_t)host->shape(0) != t) throw ArgValueError("hidden has " + std::to_string(host->shape(0)) + " rows, t=" + std::to_string(t));
-    if (check_finite)
-      for (int64_t i = 0; i < t * H; ++i)
-        if (!std::isfinite(in.ptr[i])) throw_nonfinite(i, H, in.ptr[i]);
-    return in;
-  }
-  const void* p = reinterpret_cast<const void*>((uintptr_t)dev_ptr);
-  const int owner = cuda::pointer_device(p);
-  if (owner < 0) throw ArgValueError("hidden is not in GPU memory (pointer " + std::to_string(dev_ptr) + ")");
-  if (owner != dev.ordinal())
-    throw ArgValueError("hidden is on cuda:" + std::to_string(owner) + " but the head is on cuda:" +
-                        std::to_string(dev.ordinal()));
-  in.ptr = static_cast<const float*>(p);
-  in.on_device = true;
-  if (check_finite) {
-    const int64_t bad = dev.find_nonfinite(in.ptr, t * H);
-    if (bad >= 0) {
-      float v = 0;
-      cuda::copy_to_host(in.ptr + bad, &v, sizeof v);
-      throw_nonfinite(bad, H, v);
-    }
-  }
-  return in;
-}
-
-#endif  // MUSER_HAVE_CUDA
 
 }  // namespace
 
@@ -163,84 +88,6 @@ void bind_cuda(nb::module_& m) {
   }, nb::arg("nbytes"), nb::arg("iters"), nb::arg("device") = 0, nb::arg("held") = false,
   "Seconds of each of `iters` passes of a read-only kernel over an nbytes buffer (the read limit); "
   "held: each pass enqueued behind a kernel that holds the stream, so no host launch latency is timed.");
-
-  m.def("cuda_run", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t hidden_ptr, int64_t t,
-                       bool squeeze, bool profile, bool check_finite) -> nb::tuple {
-#ifdef MUSER_HAVE_CUDA
-    cuda::CudaDevice& dev = cuda_device_of(*h);
-    const int64_t V = h->spec().vocab;
-    std::vector<NodeTiming> timings;
-    std::shared_ptr<cuda::DeviceMemory> logits;
-    {
-      nb::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(h->mutex());
-      const HiddenInput in = resolve_hidden(*h, dev, hidden, hidden_ptr, t, check_finite);
-      logits = dev.run_to_device(h->nodes(), h->options().acts, in.ptr, in.on_device, (int)t,
-                                 profile ? &timings : nullptr);
-    }
-    struct Owner {
-      std::shared_ptr<cuda::DeviceMemory> mem;
-      std::shared_ptr<Head> head;
-    };
-    auto* owner = new Owner{logits, h};
-    nb::capsule cap(owner, [](void* p) noexcept { delete static_cast<Owner*>(p); });
-    size_t shape[2] = {(size_t)t, (size_t)V};
-    if (squeeze) shape[0] = (size_t)V;
-    // array_api: an object with __dlpack__/__dlpack_device__ (without a
-    // framework nanobind 3 would hand out a bare, single-use DLPack capsule)
-    nb::ndarray<nb::array_api, float, nb::device::cuda> view(logits->ptr, squeeze ? 1 : 2, shape, cap, nullptr,
-                                                             nb::dtype<float>(), nb::device::cuda::value,
-                                                             dev.ordinal());
-    return nb::make_tuple(nb::cast(view), (uint64_t)(uintptr_t)logits->ptr, profile_list(timings));
-#else
-    (void)h, (void)hidden, (void)hidden_ptr, (void)t, (void)squeeze, (void)profile, (void)check_finite;
-    no_cuda_build();
-#endif
-  }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("hidden_ptr"), nb::arg("t"), nb::arg("squeeze"),
-  nb::arg("profile"), nb::arg("check_finite"),
-  "Run the head's route on the GPU; returns (device ndarray of the logits, its address, profile). "
-  "The logits are a pooled device buffer no one else holds; later calls never write it while a view lives.");
-
-  m.def("cuda_route_seconds", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t hidden_ptr,
-                                 int64_t t, int reps, bool check_finite, bool held) -> std::vector<double> {
-#ifdef MUSER_HAVE_CUDA
-    cuda::CudaDevice& dev = cuda_device_of(*h);
-    nb::gil_scoped_release release;
-    std::lock_guard<std::mutex> lock(h->mutex());
-    const HiddenInput in = resolve_hidden(*h, dev, hidden, hidden_ptr, t, check_finite);
-    return dev.route_seconds(h->nodes(), h->options().acts, in.ptr, in.on_device, (int)t, reps, held);
-#else
-    (void)h, (void)hidden, (void)hidden_ptr, (void)t, (void)reps, (void)check_finite, (void)held;
-    no_cuda_build();
-#endif
-  }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("hidden_ptr"), nb::arg("t"), nb::arg("reps"),
-  nb::arg("check_finite"), nb::arg("held") = false,
-  "Device seconds of each of `reps` runs of the whole route, launched as for a call (one CUDA graph), "
-  "after one untimed call; held: each run enqueued behind a kernel that holds the stream.");
-
-  m.def("cuda_topk", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t hidden_ptr, int64_t t,
-                        int k, bool check_finite) -> nb::tuple {
-#ifdef MUSER_HAVE_CUDA
-    cuda::CudaDevice& dev = cuda_device_of(*h);
-    const int64_t V = h->spec().vocab;
-    if (k < 1 || k > V || k > 1024)
-      throw ArgValueError("k must be in [1, min(V, 1024)] for top-k on the GPU, got " + std::to_string(k));
-    std::vector<int64_t> ids((size_t)(t * k));
-    std::vector<float> vals((size_t)(t * k));
-    {
-      nb::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(h->mutex());
-      const HiddenInput in = resolve_hidden(*h, dev, hidden, hidden_ptr, t, check_finite);
-      auto logits = dev.run_to_device(h->nodes(), h->options().acts, in.ptr, in.on_device, (int)t, nullptr);
-      dev.topk(static_cast<const float*>(logits->ptr), (int)t, k, ids.data(), vals.data());
-    }
-    return nb::make_tuple(ids, vals);
-#else
-    (void)h, (void)hidden, (void)hidden_ptr, (void)t, (void)k, (void)check_finite;
-    no_cuda_build();
-#endif
-  }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("hidden_ptr"), nb::arg("t"), nb::arg("k"),
-  nb::arg("check_finite"), "Run the route and rank each row on the GPU; only (ids, values) [t*k] come back.");
 
   m.def("cuda_copy_to_host", [](uint64_t ptr, int64_t count) {
 #ifdef MUSER_HAVE_CUDA

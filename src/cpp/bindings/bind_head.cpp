@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "bindings.h"
+#include "cpu/cpu_device.h"
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
@@ -112,11 +113,9 @@ nb::dict spec_dict(const HeadSpec& s) {
   d["eps"] = s.eps;
   d["eps_source"] = s.eps_source;
   d["norm_weight"] = s.norm_weight;
-  d["norm_bias"] = s.norm_bias.empty() ? nb::none() : nb::cast(s.norm_bias);
   d["output_weight"] = s.output_weight;
   d["output_type"] = type_traits(s.output_type).name;
   d["tied"] = s.tied;
-  d["output_bias"] = s.output_bias.empty() ? nb::none() : nb::cast(s.output_bias);
   d["logit_scale_mode"] = scale_mode_name(s.scale_mode);
   d["logit_scale"] = s.scale_mode == ScaleMode::None ? nb::none() : nb::cast(s.logit_scale);
   d["logit_scale_source"] = s.logit_scale_source;
@@ -205,9 +204,10 @@ void bind_head(nb::module_& m) {
       .def_static(
           "load",
           [](const std::string& path, const std::string& device, const std::string& route, const std::string& acts,
-             int threads, bool mmap, const nb::dict& overrides) {
+             int threads, bool mmap, bool fuse, const nb::dict& overrides) {
             HeadOptions o;
             o.mmap = mmap;
+            o.fuse = fuse;
             o.device = device;
             o.route = parse_route(route);
             o.acts = parse_acts(acts);
@@ -217,7 +217,7 @@ void bind_head(nb::module_& m) {
             return Head::load(path, o);
           },
           nb::arg("path"), nb::arg("device"), nb::arg("route"), nb::arg("acts"), nb::arg("threads"),
-          nb::arg("mmap"), nb::arg("overrides"))
+          nb::arg("mmap"), nb::arg("fuse"), nb::arg("overrides"))
       .def_ro_static("POOL_SIZE", &Head::kPoolSize)
       .def("check_file", [](const Head& h) { h.check_file(); },
            "Raise GGUFError when the mapped file changed since load (what every call checks first).")
@@ -225,6 +225,18 @@ void bind_head(nb::module_& m) {
       .def_prop_ro("route", [](const Head& h) { return std::string(route_name(h.options().route)); })
       .def_prop_ro("acts", [](const Head& h) { return std::string(acts_name(h.options().acts)); })
       .def_prop_ro("device", [](Head& h) { return h.device().name(); })
+      .def_prop_ro("caps", [](Head& h) { return caps_dict(h.device().caps()); })
+      .def_prop_ro("steps",
+                   [](Head& h) {
+                     // the kernels the device runs: each a list of the node labels it contains
+                     std::vector<std::vector<std::string>> out;
+                     for (const Step& st : h.device().steps()) {
+                       std::vector<std::string> labels;
+                       for (size_t i = st.first; i < st.first + st.count; ++i) labels.push_back(h.nodes()[i].label);
+                       out.push_back(labels);
+                     }
+                     return out;
+                   })
       .def_prop_ro("path", [](const Head& h) { return h.file()->path(); })
       .def_prop_ro("nodes",
                    [](const Head& h) {
@@ -299,80 +311,68 @@ void bind_head(nb::module_& m) {
     std::vector<float> vals((size_t)(t * kk));
     {
       nb::gil_scoped_release release;
-      std::vector<int64_t> idx((size_t)V);
-      for (int64_t k = 0; k < t; ++k) {
-        const float* row = y + k * V;
-        std::iota(idx.begin(), idx.end(), 0);
-        auto better = [row](int64_t a, int64_t b) {
-          const bool na = std::isnan(row[a]), nb_ = std::isnan(row[b]);
-          if (na != nb_) return nb_;  // a number beats NaN
-          if (!na && row[a] != row[b]) return row[a] > row[b];
-          return a < b;
-        };
-        std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(), better);
-        for (int64_t j = 0; j < kk; ++j) {
-          ids[(size_t)(k * kk + j)] = idx[(size_t)j];
-          vals[(size_t)(k * kk + j)] = row[idx[(size_t)j]];
-        }
-      }
+      host_topk(y, (int)t, V, (int)kk, ids.data(), vals.data());
     }
     return std::make_pair(ids, vals);
   });
 
   // ---- low-level ops (tests and parity): each returns a new array ----
+  // A route's own nodes (what build_route emits for a head of this shape)
+  // run on the CPU device over caller arrays: stage "norm" runs the nodes
+  // before the LM head on x [t, H] (gamma [H]); "epilogue" the nodes after it
+  // on logits [t, V] in a copy. The parity rungs test exactly these nodes.
   m.def(
-      "ops_epilogue",
-      [](const AnyArray& logits, float scale, float cap, const std::string& route) {
-        const float* y = f32_matrix(logits, "logits", -1);
-        const size_t t = logits.shape(0), V = logits.shape(1);
-        F32Array out = new_array(t, V);
-        float* o = out.data();
-        const int64_t n = (int64_t)(t * V);
-        const float inv_cap = cap > 0 ? 1.0f / cap : 0.0f;
-        std::copy(y, y + n, o);
-        if (route == "graph") {
-          cpu::scale_inplace(o, n, scale);
-          if (cap > 0) {
-            cpu::scale_inplace(o, n, inv_cap);
-            cpu::tanh_inplace(o, n);
-            cpu::scale_inplace(o, n, cap);
-          }
-        } else if (route == "fused") {
-          if (cap > 0) cpu::softcap_fused_inplace(o, n, scale, cap);
-          else cpu::scale_inplace(o, n, scale);
-        } else if (route == "reference") {
-          cpu::scale_inplace(o, n, scale);
-          if (cap > 0) cpu::softcap_reference_inplace(o, n, cap, inv_cap);
-        } else if (route == "canonical") {
-          if (cap > 0) cpu::softcap_canon_inplace(o, n, scale, cap, inv_cap);
-          else cpu::scale_inplace(o, n, scale);
-        } else {
-          throw ArgValueError("route must be 'reference', 'fused', 'graph' or 'canonical'; got '" + route + "'");
-        }
-        return out;
-      },
-      nb::arg("logits"), nb::arg("scale"), nb::arg("cap"), nb::arg("route"));
-  m.def(
-      "ops_norm",
-      [](const AnyArray& x, const AnyArray& gamma, float eps, const std::string& kind, const std::string& order) {
+      "ops_route",
+      [](const std::string& stage, const std::string& route, const AnyArray& x, const std::string& norm, float eps,
+         std::optional<AnyArray> gamma, float scale, float cap, bool fuse, int threads) {
         const float* xs = f32_matrix(x, "x", -1);
-        const size_t t = x.shape(0), H = x.shape(1);
-        if (gamma.dtype() != nb::dtype<float>() || gamma.ndim() != 1 || gamma.shape(0) != H || !c_contiguous(gamma, 4))
-          throw ArgValueError("gamma must be a contiguous float32 vector of length " + std::to_string(H));
-        const float* g = static_cast<const float*>(gamma.data());
-        auto fn = kind == "rms" ? (order == "canonical" ? cpu::rms_norm_canon : cpu::rms_norm_ggml)
-                                : (order == "canonical" ? cpu::layer_norm_canon : cpu::layer_norm_ggml);
-        if ((kind != "rms" && kind != "layer") || (order != "ggml" && order != "canonical"))
-          throw ArgValueError("kind must be 'rms' or 'layer' and order 'ggml' or 'canonical'");
-        F32Array out = new_array(t, H);
+        const size_t t = x.shape(0), n = x.shape(1);
+        if (stage != "norm" && stage != "epilogue") throw ArgValueError("stage must be 'norm' or 'epilogue', got '" + stage + "'");
+        if (norm != "rms" && norm != "layer") throw ArgValueError("norm must be 'rms' or 'layer', got '" + norm + "'");
+        HeadSpec spec;
+        spec.arch = "ops";
+        spec.hidden = (int64_t)n;
+        spec.vocab = (int64_t)n;
+        spec.norm = norm == "rms" ? NormKind::Rms : NormKind::Layer;
+        spec.eps = eps;
+        spec.output_type = (uint32_t)GgmlType::F32;
+        spec.scale_mode = scale == 1.0f ? ScaleMode::None : ScaleMode::Multiply;
+        spec.logit_scale = scale;
+        spec.softcap = cap;
+        HeadWeights w;
+        if (stage == "norm") {
+          if (!gamma || gamma->dtype() != nb::dtype<float>() || gamma->ndim() != 1 || gamma->shape(0) != n ||
+              !c_contiguous(*gamma, 4))
+            throw ArgValueError("gamma must be a contiguous float32 vector of length " + std::to_string(n));
+          const float* g = static_cast<const float*>(gamma->data());
+          w.gamma.assign(g, g + n);
+        }
+        const std::vector<Node> all = build_route(parse_route(route), spec, Acts::F32);
+        size_t mv = 0;
+        while (!is_matvec(all[mv].kind)) ++mv;
+        const std::vector<Node> nodes = stage == "norm" ? std::vector<Node>(all.begin(), all.begin() + mv)
+                                                        : std::vector<Node>(all.begin() + mv + 1, all.end());
+        // the CPU's own fusions of these nodes, as the device plans them
+        const std::vector<Step> steps = plan_steps(nodes, fuse, cpu::cpu_fusable);
+        F32Array out = new_array(t, n);
         float* o = out.data();
-        for (size_t k = 0; k < t; ++k) {
-          fn(xs + k * H, (int64_t)H, eps, o + k * H);
-          for (size_t i = 0; i < H; ++i) o[k * H + i] = o[k * H + i] * g[i];
+        {
+          nb::gil_scoped_release release;
+          cpu::StepBuffers b;
+          if (stage == "norm") {
+            b.hidden = xs;
+            b.normed = o;
+          } else {
+            std::copy(xs, xs + t * n, o);
+            b.logits = o;
+          }
+          cpu::run_steps(nodes, steps, spec, w, threads > 0 ? threads : cpu::default_threads(), (int)t, b, nullptr);
         }
         return out;
       },
-      nb::arg("x"), nb::arg("gamma"), nb::arg("eps"), nb::arg("kind"), nb::arg("order"));
+      nb::arg("stage"), nb::arg("route"), nb::arg("x"), nb::arg("norm") = "rms", nb::arg("eps") = 0.0f,
+      nb::arg("gamma").none() = nb::none(), nb::arg("scale") = 1.0f, nb::arg("cap") = 0.0f, nb::arg("fuse") = true,
+      nb::arg("threads") = 0);
   m.def(
       "ops_matvec",
       [](const AnyArray& w, const std::string& type, const AnyArray& x, const std::string& order,

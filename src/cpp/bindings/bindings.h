@@ -9,11 +9,14 @@
 
 namespace muser {
 struct NodeTiming;
+struct DeviceCaps;
 }
 
 namespace muser::py {
 // A profile as Python dicts (label, kind, seconds, bytes), one per node.
 nanobind::list profile_list(const std::vector<NodeTiming>& timings);
+// A device's caps as a Python dict (bind_device.cpp).
+nanobind::dict caps_dict(const DeviceCaps& caps);
 
 // Quantized blocks hold 2-byte fields, so the kernels need them at even (GGUF
 // files: 8-byte aligned) addresses. Caller bytes at a less aligned address
@@ -33,5 +36,6 @@ void bind_quant(nanobind::module_& m);  // bind_quant.cpp: quantize / dequantize
 void bind_head(nanobind::module_& m);   // bind_head.cpp: the Head engine
 void bind_build_info(nanobind::module_& m);
 void bind_cpu(nanobind::module_& m);    // bind_cpu.cpp: read bandwidth, q8 kernels per ISA
-void bind_cuda(nanobind::module_& m);   // bind_cuda.cpp: device logits, top-k on the GPU, CUDA helpers
+void bind_device(nanobind::module_& m);  // bind_device.cpp: resident logits, top-k on the device (Device abilities)
+void bind_cuda(nanobind::module_& m);    // bind_cuda.cpp: the CUDA backend helpers (count, bandwidth, memory)
 }  // namespace muser::py

@@ -45,5 +45,6 @@ NB_MODULE(_core, m) {
   muser::py::bind_quant(m);
   muser::py::bind_head(m);
   muser::py::bind_cpu(m);
+  muser::py::bind_device(m);
   muser::py::bind_cuda(m);
 }

@@ -1,15 +1,20 @@
-// The CPU device: weights are read in place from the mmap; every node is a
-// parallel_for over rows or elements; nodes run one after another (the
-// barrier is the end of the parallel region), each timed under its own label.
-// The matvec runs the active ISA's twin (cpu/matvec_dispatch.cpp); with
-// acts="q8" the normed vectors are first quantized as ggml's CPU does
-// (cpu/acts_q8.cpp), inside the lm_head node as in ggml's mul_mat.
+// The CPU device: weights are read in place from the mmap; every step is a
+// parallel_for over rows or elements; steps run one after another (the
+// barrier is the end of the parallel region), each timed under its nodes'
+// labels. The matvec runs the active ISA's twin (cpu/matvec_dispatch.cpp); the
+// q8 kinds first quantize the normed vectors as ggml's CPU does
+// (cpu/acts_q8.cpp), inside the lm_head step as in ggml's mul_mat.
+// Fusions (the route allows them; plan_steps): the norm and γ in one pass per
+// row; the element-wise epilogue applied to each chunk of rows the matvec has
+// just written, while they are in cache. Each computes exactly the unfused
+// nodes' bytes (tests/test_fusion.py).
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
 #include <vector>
 
+#include "cpu/cpu_device.h"
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
@@ -33,124 +38,155 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+bool is_epilogue(NodeKind k) {
+  return k == NodeKind::Scale || k == NodeKind::Tanh || k == NodeKind::SoftcapFused ||
+         k == NodeKind::SoftcapReference || k == NodeKind::SoftcapCanon;
+}
+
+void norm_row(NodeKind kind, const float* x, int64_t H, float eps, float* y) {
+  switch (kind) {
+    case NodeKind::RmsNorm: cpu::rms_norm_ggml(x, H, eps, y); return;
+    case NodeKind::RmsNormCanon: cpu::rms_norm_canon(x, H, eps, y); return;
+    case NodeKind::LayerNorm: cpu::layer_norm_ggml(x, H, eps, y); return;
+    case NodeKind::LayerNormCanon: cpu::layer_norm_canon(x, H, eps, y); return;
+    case NodeKind::MulGamma:
+    case NodeKind::MatvecReference:
+    case NodeKind::MatvecCanon:
+    case NodeKind::MatvecQ8:
+    case NodeKind::MatvecQ8Reference:
+    case NodeKind::Scale:
+    case NodeKind::Tanh:
+    case NodeKind::SoftcapFused:
+    case NodeKind::SoftcapReference:
+    case NodeKind::SoftcapCanon: break;
+  }
+  throw Error(std::string("internal: ") + node_kind_name(kind) + " is not a norm");
+}
+
+// One element-wise epilogue node over n logits.
+void epilogue(const Node& node, float* y, int64_t n) {
+  switch (node.kind) {
+    case NodeKind::Scale: cpu::scale_inplace(y, n, node.f0); return;
+    case NodeKind::Tanh: cpu::tanh_inplace(y, n); return;
+    case NodeKind::SoftcapFused: cpu::softcap_fused_inplace(y, n, node.f0, node.f1); return;
+    case NodeKind::SoftcapReference: cpu::softcap_reference_inplace(y, n, node.f1, node.f2); return;
+    case NodeKind::SoftcapCanon: cpu::softcap_canon_inplace(y, n, node.f0, node.f1, node.f2); return;
+    case NodeKind::RmsNorm:
+    case NodeKind::RmsNormCanon:
+    case NodeKind::LayerNorm:
+    case NodeKind::LayerNormCanon:
+    case NodeKind::MulGamma:
+    case NodeKind::MatvecReference:
+    case NodeKind::MatvecCanon:
+    case NodeKind::MatvecQ8:
+    case NodeKind::MatvecQ8Reference: break;
+  }
+  throw Error(std::string("internal: ") + node_kind_name(node.kind) + " is not an element-wise epilogue");
+}
+
+// Element-wise nodes over the logits. A fork-join costs little on an idle
+// machine but up to a scheduler time slice (milliseconds) when another
+// process holds a core, so only work worth more than that is split:
+// libm tanhf (~10 ns per logit) in 32 Ki chunks, arithmetic-only nodes
+// (scale, the vectorized canonical cap: well under 1 ns) in 1 Mi.
+int64_t epilogue_grain(NodeKind k) {
+  return k == NodeKind::Tanh || k == NodeKind::SoftcapFused ? (1 << 15) : (1 << 20);
+}
+
+}  // namespace
+
+namespace cpu {
+
+bool cpu_fusable(NodeKind a, NodeKind b) {
+  return (is_norm(a) && b == NodeKind::MulGamma) || (is_matvec(a) && is_epilogue(b));
+}
+
+void run_steps(const std::vector<Node>& nodes, const std::vector<Step>& steps, const HeadSpec& spec,
+               const HeadWeights& w, int threads, int t, const StepBuffers& b, std::vector<NodeTiming>* timings) {
+  const int64_t H = spec.hidden, V = spec.vocab;
+  for (const Step& step : steps) {
+    const auto start = Clock::now();
+    const Node& head = nodes[step.first];
+    const Node* fused = step.count > 1 ? &nodes[step.first + 1] : nullptr;
+    if (is_norm(head.kind)) {
+      const bool gamma = fused != nullptr;  // cpu_fusable: only γ follows a norm
+      parallel_for(t, 1, t >= 4 ? threads : 1, [&](int64_t a, int64_t c) {
+        for (int64_t k = a; k < c; ++k) {
+          float* y = b.normed + k * H;
+          norm_row(head.kind, b.hidden + k * H, H, head.f0, y);
+          if (gamma)
+            for (int64_t i = 0; i < H; ++i) y[i] = y[i] * w.gamma[(size_t)i];
+        }
+      });
+    } else if (head.kind == NodeKind::MulGamma) {
+      for (int64_t k = 0; k < t; ++k)
+        for (int64_t i = 0; i < H; ++i) b.normed[k * H + i] = b.normed[k * H + i] * w.gamma[(size_t)i];
+    } else if (is_matvec(head.kind)) {
+      // Row chunks: whole kernel tiles, a few per thread so a slow thread does not hold the others up.
+      const int64_t unit = matvec_row_grain();
+      const int64_t grain = std::max<int64_t>(unit, std::min<int64_t>(2048, V / (8 * (int64_t)threads)) / unit * unit);
+      const bool q8 = head.kind == NodeKind::MatvecQ8 || head.kind == NodeKind::MatvecQ8Reference;
+      // quantized once per call, read by every row (part of the step's time, as in ggml's mul_mat)
+      if (q8) quantize_acts_q8(w.output.type, b.normed, H, H, t, b.acts_q8);
+      parallel_for(V, grain, threads, [&](int64_t r0, int64_t r1) {
+        switch (head.kind) {
+          case NodeKind::MatvecReference: matvec_reference(w.output, b.normed, H, t, r0, r1, b.logits, V); break;
+          case NodeKind::MatvecCanon: matvec_canon(w.output, b.normed, H, t, r0, r1, b.logits, V); break;
+          case NodeKind::MatvecQ8: matvec_q8(w.output, *b.acts_q8, r0, r1, b.logits, V); break;
+          // the q8 definition itself: the scalar twin
+          case NodeKind::MatvecQ8Reference: matvec_q8_scalar(w.output, *b.acts_q8, r0, r1, b.logits, V); break;
+          case NodeKind::RmsNorm:
+          case NodeKind::RmsNormCanon:
+          case NodeKind::LayerNorm:
+          case NodeKind::LayerNormCanon:
+          case NodeKind::MulGamma:
+          case NodeKind::Scale:
+          case NodeKind::Tanh:
+          case NodeKind::SoftcapFused:
+          case NodeKind::SoftcapReference:
+          case NodeKind::SoftcapCanon: break;
+        }
+        if (fused)  // this chunk's logits, while they are in cache
+          for (int64_t k = 0; k < t; ++k) epilogue(*fused, b.logits + k * V + r0, r1 - r0);
+      });
+    } else {
+      const int64_t n = (int64_t)t * V;
+      parallel_for(n, epilogue_grain(head.kind), threads,
+                   [&](int64_t a, int64_t c) { epilogue(head, b.logits + a, c - a); });
+    }
+    if (timings) {
+      const double sec = std::chrono::duration<double>(Clock::now() - start).count();
+      std::string kinds;
+      for (size_t i = step.first; i < step.first + step.count; ++i)
+        kinds += (kinds.empty() ? "" : "+") + std::string(node_kind_name(nodes[i].kind));
+      timings->push_back({step_label(nodes, step), kinds, sec, step_bytes(nodes, step, spec, w.output, t)});
+    }
+  }
+}
+
+}  // namespace cpu
+
+namespace {
+
 class CpuDevice final : public Device {
  public:
   explicit CpuDevice(int threads) : threads_(threads > 0 ? threads : cpu::default_threads()) {}
 
   std::string name() const override { return "cpu"; }
 
-  void prepare(const HeadSpec& spec, const HeadWeights& w) override {
-    spec_ = spec;
+  void prepare(const HeadSpec& spec, const HeadWeights& w, const std::vector<Node>& nodes, bool fuse) override {
+    plan(spec, nodes, fuse, cpu::cpu_fusable);
     w_ = &w;
   }
 
-  void run(const std::vector<Node>& nodes, Acts acts, const float* hidden, int t, float* logits,
-           std::vector<NodeTiming>* timings) override {
-    if (acts == Acts::Q8 && !cpu::q8_supported(w_->output.type))
-      throw ArgValueError(std::string("acts='q8' quantizes the activations to int8 as ggml's CPU does for "
-                                      "Q4_K, Q5_K, Q6_K and Q8_0 weights; ") +
-                          spec_.output_weight + " is " + type_traits(w_->output.type).name +
-                          " (ggml multiplies float weights with float activations): use acts='f32'");
-    const int64_t H = spec_.hidden, V = spec_.vocab;
-    // Row chunks for the matvec: whole kernel tiles, a few per thread so a
-    // slow thread does not hold the others up.
-    const int64_t grain_unit = cpu::matvec_row_grain();
-    const int64_t row_grain = std::max<int64_t>(
-        grain_unit, std::min<int64_t>(2048, V / (8 * (int64_t)threads_)) / grain_unit * grain_unit);
-    normed_.resize((size_t)t * H);
-    float* nx = normed_.data();
-    const int64_t nl = (int64_t)t * V;
-    for (const Node& node : nodes) {
-      const auto start = Clock::now();
-      switch (node.kind) {
-        case NodeKind::RmsNorm:
-        case NodeKind::RmsNormCanon:
-        case NodeKind::LayerNorm:
-        case NodeKind::LayerNormCanon: {
-          auto fn = node.kind == NodeKind::RmsNorm        ? cpu::rms_norm_ggml
-                    : node.kind == NodeKind::RmsNormCanon ? cpu::rms_norm_canon
-                    : node.kind == NodeKind::LayerNorm    ? cpu::layer_norm_ggml
-                                                          : cpu::layer_norm_canon;
-          cpu::parallel_for(t, 1, t >= 4 ? threads_ : 1, [&](int64_t a, int64_t b) {
-            for (int64_t k = a; k < b; ++k) fn(hidden + k * H, H, node.f0, nx + k * H);
-          });
-          break;
-        }
-        case NodeKind::MulGamma:
-          for (int64_t k = 0; k < t; ++k)
-            for (int64_t i = 0; i < H; ++i) nx[k * H + i] = nx[k * H + i] * w_->gamma[i];
-          break;
-        case NodeKind::AddBeta:
-          for (int64_t k = 0; k < t; ++k)
-            for (int64_t i = 0; i < H; ++i) nx[k * H + i] = nx[k * H + i] + w_->beta[i];
-          break;
-        case NodeKind::Matvec:
-        case NodeKind::MatvecReference: {
-          const bool reference = node.kind == NodeKind::MatvecReference;
-          if (acts == Acts::Q8) {
-            // quantized once per call, read by every row (part of the node's time, as in ggml's mul_mat)
-            cpu::quantize_acts_q8(w_->output.type, nx, H, H, t, &acts_q8_);
-            cpu::parallel_for(V, row_grain, threads_, [&](int64_t r0, int64_t r1) {
-              // the reference route runs the q8 definition itself: the scalar twin
-              if (reference)
-                cpu::matvec_q8_scalar(w_->output, acts_q8_, r0, r1, logits, V);
-              else
-                cpu::matvec_q8(w_->output, acts_q8_, r0, r1, logits, V);
-            });
-          } else {
-            cpu::parallel_for(V, row_grain, threads_, [&](int64_t r0, int64_t r1) {
-              if (reference)
-                cpu::matvec_reference(w_->output, nx, H, t, r0, r1, logits, V);
-              else
-                cpu::matvec_canon(w_->output, nx, H, t, r0, r1, logits, V);
-            });
-          }
-          break;
-        }
-        case NodeKind::AddBias:
-          elementwise(nl, [&](int64_t a, int64_t b) {
-            for (int64_t i = a; i < b; ++i) logits[i] = logits[i] + w_->bias[i % V];
-          });
-          break;
-        case NodeKind::Scale:
-          elementwise(nl, [&](int64_t a, int64_t b) { cpu::scale_inplace(logits + a, b - a, node.f0); });
-          break;
-        case NodeKind::Tanh:
-          elementwise(nl, [&](int64_t a, int64_t b) { cpu::tanh_inplace(logits + a, b - a); }, true);
-          break;
-        case NodeKind::SoftcapFused:
-          elementwise(
-              nl, [&](int64_t a, int64_t b) { cpu::softcap_fused_inplace(logits + a, b - a, node.f0, node.f1); }, true);
-          break;
-        case NodeKind::SoftcapReference:
-          cpu::softcap_reference_inplace(logits, nl, node.f1, node.f2);
-          break;
-        case NodeKind::SoftcapCanon:
-          elementwise(nl, [&](int64_t a, int64_t b) {
-            cpu::softcap_canon_inplace(logits + a, b - a, node.f0, node.f1, node.f2);
-          });
-          break;
-      }
-      if (timings) {
-        const double sec = std::chrono::duration<double>(Clock::now() - start).count();
-        timings->push_back({node.label, node_kind_name(node.kind), sec, node_bytes(node, spec_, w_->output, t)});
-      }
-    }
+  void run(const float* hidden, int t, float* logits, std::vector<NodeTiming>* timings) override {
+    normed_.resize((size_t)t * (size_t)spec_.hidden);
+    const cpu::StepBuffers b{hidden, normed_.data(), logits, &acts_q8_};
+    cpu::run_steps(nodes_, steps_, spec_, *w_, threads_, t, b, timings);
   }
 
  private:
-  // Element-wise nodes over the logits. A fork-join costs little on an idle
-  // machine but up to a scheduler time slice (milliseconds) when another
-  // process holds a core, so only work worth more than that is split:
-  // libm tanhf (~10 ns per logit) in 32 Ki chunks, arithmetic-only nodes
-  // (scale, bias, the vectorized canonical cap: well under 1 ns) in 1 Mi.
-  template <class F>
-  void elementwise(int64_t n, const F& f, bool calls_libm = false) {
-    cpu::parallel_for(n, calls_libm ? (1 << 15) : (1 << 20), threads_, f);
-  }
-
   int threads_;
-  HeadSpec spec_;
   const HeadWeights* w_ = nullptr;
   std::vector<float> normed_;
   cpu::ActsQ8 acts_q8_;  // reused between calls
@@ -158,60 +194,6 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
-std::shared_ptr<HostBuffer> Device::alloc_host(size_t n) {
-  auto buf = std::make_shared<HostBuffer>();
-  const size_t bytes = ((n * sizeof(float) + 63) / 64) * 64;
-  buf->data = static_cast<float*>(std::aligned_alloc(64, bytes ? bytes : 64));
-  if (!buf->data) throw Error("out of host memory allocating " + std::to_string(bytes) + " bytes for logits");
-  buf->count = n;
-  buf->release = [](float* p) { std::free(p); };
-  return buf;
-}
-
-#ifdef MUSER_HAVE_CUDA
-std::unique_ptr<Device> make_cuda_device(int ordinal, int threads);  // src/cuda/cuda_device.cpp
-#endif
-
-std::unique_ptr<Device> make_device(const std::string& name, int threads) {
-  if (name == "cpu") return std::make_unique<CpuDevice>(threads);
-  if (name == "cuda" || name.rfind("cuda:", 0) == 0) {
-#ifdef MUSER_HAVE_CUDA
-    int ordinal = 0;
-    if (name.size() > 5) {
-      char* end = nullptr;
-      const long v = std::strtol(name.c_str() + 5, &end, 10);
-      if (*end != '\0' || v < 0 || v > 1024) throw ArgValueError("device '" + name + "': expected 'cuda' or 'cuda:N'");
-      ordinal = (int)v;
-    }
-    return make_cuda_device(ordinal, threads);
-#else
-    throw DeviceError("device '" + name + "': this build of muser has no CUDA backend (built without nvcc)");
-#endif
-  }
-  if (name == "metal")
-    throw DeviceError("device 'metal': this build of muser has no Metal backend (Metal is built on Apple only)");
-  throw ArgValueError("device must be 'cpu', 'cuda', 'cuda:N' or 'metal'; got '" + name + "'");
-}
-
-double node_bytes(const Node& n, const HeadSpec& spec, const WeightView& w, int t) {
-  const double H = (double)spec.hidden, V = (double)spec.vocab;
-  switch (n.kind) {
-    case NodeKind::Matvec:
-    case NodeKind::MatvecReference:
-      return (double)w.row_bytes * w.rows + 4.0 * t * (H + V);
-    case NodeKind::RmsNorm:
-    case NodeKind::RmsNormCanon:
-    case NodeKind::LayerNorm:
-    case NodeKind::LayerNormCanon:
-      return 8.0 * t * H;
-    case NodeKind::MulGamma:
-    case NodeKind::AddBeta:
-      return 8.0 * t * H + 4.0 * H;
-    case NodeKind::AddBias:
-      return 8.0 * t * V + 4.0 * V;
-    default:
-      return 8.0 * t * V;  // read + write every logit
-  }
-}
+std::unique_ptr<Device> make_cpu_device(int threads) { return std::make_unique<CpuDevice>(threads); }
 
 }  // namespace muser

@@ -56,8 +56,6 @@ struct ActsQ8 {
   std::vector<int16_t> sum16;      // [tokens][K/16] Q6_K: sum of each 16 quants (ggml bsums)
 };
 
-// True when acts="q8" has a meaning for the weight type (Q4_K, Q5_K, Q6_K, Q8_0).
-bool q8_supported(uint32_t weight_type);
 // Quantize t rows of x [t x K] (row stride ldx) for weights of weight_type.
 // Reuses out's buffers. K must be a whole number of the activation blocks.
 void quantize_acts_q8(uint32_t weight_type, const float* x, int64_t ldx, int64_t K, int t, ActsQ8* out);

@@ -1,0 +1,205 @@
+// A head's device abilities beyond Head.run, through the Device interface
+// only (caps() says which a device has): logits that stay in device memory,
+// returned as a DLPack ndarray whose capsule owns the buffer and the Head;
+// hidden states already in device memory; top-k ranked where the logits are;
+// the route's own timing. python/muser/_device.py wraps these.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "errors.h"
+#include "head.h"
+
+namespace nb = nanobind;
+
+namespace muser::py {
+
+namespace {
+
+using AnyArray = nb::ndarray<nb::ro>;
+
+std::string shape_str(const AnyArray& a) {
+  std::string s = "(";
+  for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+  return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+// A host hidden state: float32, [t, H], C-contiguous, aligned.
+const float* host_rows(const AnyArray& a, int64_t H) {
+  if (a.dtype() != nb::dtype<float>()) throw ArgTypeError("hidden must be float32");
+  if (a.device_type() != nb::device::cpu::value) throw ArgTypeError("hidden must be in host memory here");
+  if (a.ndim() != 2 || (int64_t)a.shape(1) != H)
+    throw ArgValueError("hidden must have shape (t, " + std::to_string(H) + "), got " + shape_str(a));
+  int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expect) throw ArgValueError("hidden must be C-contiguous");
+    expect *= (int64_t)a.shape(i);
+  }
+  if (reinterpret_cast<uintptr_t>(a.data()) % alignof(float) != 0)
+    throw ArgValueError("hidden must be 4-byte aligned");
+  return static_cast<const float*>(a.data());
+}
+
+[[noreturn]] void throw_nonfinite(int64_t index, int64_t H, float value) {
+  const int64_t r = index / H, c = index % H;
+  throw NonFiniteError("hidden state row " + std::to_string(r) + ", column " + std::to_string(c) + " is " +
+                       std::to_string(value) + " (pass check_finite=False to compute anyway)");
+}
+
+// Where the hidden rows are: a host array, or an address in the head device's memory.
+struct HiddenInput {
+  const float* ptr = nullptr;
+  bool resident = false;
+};
+
+HiddenInput resolve_hidden(Head& h, const std::optional<AnyArray>& host, uint64_t address, int64_t t,
+                           bool check_finite) {
+  Device& dev = h.device();
+  const int64_t H = h.spec().hidden;
+  if (t < 1 || t > (1 << 20)) throw ArgValueError("t must be in [1, 2^20], got " + std::to_string(t));
+  HiddenInput in;
+  if (host) {
+    in.ptr = host_rows(*host, H);
+    if ((int64_t)host->shape(0) != t)
+      throw ArgValueError("hidden has " + std::to_string(host->shape(0)) + " rows, t=" + std::to_string(t));
+    if (check_finite)
+      for (int64_t i = 0; i < t * H; ++i)
+        if (!std::isfinite(in.ptr[i])) throw_nonfinite(i, H, in.ptr[i]);
+    return in;
+  }
+  const void* p = reinterpret_cast<const void*>((uintptr_t)address);
+  const int owner = dev.owner_of(p);
+  if (owner < 0)
+    throw ArgValueError("hidden is not in the memory of device '" + dev.name() + "' (address " +
+                        std::to_string(address) + ")");
+  if (owner != dev.caps().ordinal)
+    throw ArgValueError("hidden is on device " + std::to_string(owner) + " but the head is on '" + dev.name() + "'");
+  in.ptr = static_cast<const float*>(p);
+  in.resident = true;
+  if (check_finite) {
+    const int64_t bad = dev.find_nonfinite(in.ptr, t * H);
+    if (bad >= 0) {
+      float v = 0;
+      dev.download(in.ptr + bad, &v, 1);
+      throw_nonfinite(bad, H, v);
+    }
+  }
+  return in;
+}
+
+Device& resident_device(Head& h) {
+  if (!h.device().caps().resident_logits)
+    throw ArgValueError("on_device=True and device hidden states need a device with memory of its own; this head "
+                        "runs on '" + h.device().name() + "'");
+  return h.device();
+}
+
+}  // namespace
+
+nb::dict caps_dict(const DeviceCaps& c) {
+  nb::dict d;
+  d["resident_logits"] = c.resident_logits;
+  d["ranks_on_device"] = c.ranks_on_device;
+  d["dlpack_device"] = c.dlpack_device;
+  d["ordinal"] = c.ordinal;
+  d["max_topk"] = c.max_topk;
+  return d;
+}
+
+void bind_device(nb::module_& m) {
+  m.def("device_caps", [](const std::string& name) {
+    auto dev = make_device(name, 1);
+    return caps_dict(dev->caps());
+  }, nb::arg("device"), "What a device can do (DeviceCaps) -- making it, so an absent one raises DeviceError.");
+
+  m.def("device_run", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t address, int64_t t,
+                         bool squeeze, bool profile, bool check_finite) -> nb::tuple {
+    Device& dev = resident_device(*h);
+    const DeviceCaps caps = dev.caps();
+    const int64_t V = h->spec().vocab;
+    std::vector<NodeTiming> timings;
+    std::shared_ptr<ResidentBuffer> logits;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(h->mutex());
+      const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite);
+      logits = dev.run_resident(in.ptr, in.resident, (int)t, profile ? &timings : nullptr);
+    }
+    struct Owner {
+      std::shared_ptr<ResidentBuffer> mem;
+      std::shared_ptr<Head> head;
+    };
+    auto* owner = new Owner{logits, h};
+    nb::capsule cap(owner, [](void* p) noexcept { delete static_cast<Owner*>(p); });
+    size_t shape[2] = {(size_t)t, (size_t)V};
+    if (squeeze) shape[0] = (size_t)V;
+    // array_api: an object with __dlpack__/__dlpack_device__ (without a
+    // framework nanobind 3 would hand out a bare, single-use DLPack capsule)
+    nb::ndarray<nb::array_api, float> view(logits->ptr, squeeze ? 1 : 2, shape, cap, nullptr, nb::dtype<float>(),
+                                           caps.dlpack_device, caps.ordinal);
+    return nb::make_tuple(nb::cast(view), (uint64_t)(uintptr_t)logits->ptr, profile_list(timings));
+  }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("squeeze"),
+  nb::arg("profile"), nb::arg("check_finite"),
+  "Run the head's route into logits that stay in device memory; returns (DLPack ndarray, its address, profile). "
+  "The logits are a pooled buffer no one else holds; later calls never write it while a view lives.");
+
+  m.def("device_download", [](std::shared_ptr<Head> h, uint64_t address, int64_t count) {
+    Device& dev = resident_device(*h);
+    if (count < 0) throw ArgValueError("count must be >= 0");
+    auto* data = new float[(size_t)std::max<int64_t>(count, 1)];
+    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+    {
+      nb::gil_scoped_release release;
+      dev.download(reinterpret_cast<const float*>((uintptr_t)address), data, (size_t)count);
+    }
+    size_t shape[1] = {(size_t)count};
+    return nb::ndarray<nb::numpy, float>(data, 1, shape, owner);
+  }, nb::arg("head"), nb::arg("address"), nb::arg("count"), "A new numpy copy of `count` float32 of device memory.");
+
+  m.def("device_route_seconds", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t address,
+                                   int64_t t, int reps, bool check_finite, bool held) -> std::vector<double> {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(h->mutex());
+    const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite);
+    return h->device().route_seconds(in.ptr, in.resident, (int)t, reps, held);
+  }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("reps"),
+  nb::arg("check_finite"), nb::arg("held") = false,
+  "Device seconds of each of `reps` runs of the whole route, launched as for a call, after one untimed call; "
+  "held: each run enqueued behind a kernel that holds the stream (devices that have one).");
+
+  m.def("device_topk", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t address, int64_t t,
+                          int k, bool check_finite) -> nb::tuple {
+    Device& dev = h->device();
+    const DeviceCaps caps = dev.caps();
+    const int64_t V = h->spec().vocab;
+    if (!caps.ranks_on_device) throw ArgValueError("device '" + dev.name() + "' does not rank on the device");
+    if (k < 1 || k > V || (caps.max_topk > 0 && k > caps.max_topk))
+      throw ArgValueError("k must be in [1, " + std::to_string(caps.max_topk > 0 && caps.max_topk < V ? caps.max_topk : V) +
+                          "] for top-k on the device, got " + std::to_string(k));
+    std::vector<int64_t> ids((size_t)(t * k));
+    std::vector<float> vals((size_t)(t * k));
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(h->mutex());
+      const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite);
+      auto logits = dev.run_resident(in.ptr, in.resident, (int)t, nullptr);
+      dev.topk(static_cast<const float*>(logits->ptr), (int)t, k, ids.data(), vals.data());
+    }
+    return nb::make_tuple(ids, vals);
+  }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("k"),
+  nb::arg("check_finite"), "Run the route and rank each row on the device; only (ids, values) [t*k] come back.");
+}
+
+}  // namespace muser::py
