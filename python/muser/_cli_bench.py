@@ -16,18 +16,18 @@ from .errors import Error
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.device == "cpu":
+    try:
+        caps = _core.device_caps(args.device)  # what the device can do, not what it is called
+    except (ValueError, Error) as e:
+        print(f"python -m muser bench: {e}", file=sys.stderr)
+        return 2
+    if not caps["resident_logits"]:  # host memory: the CPU bench
         if args.options:
             print(f"python -m muser bench: unexpected arguments {args.options} for the CPU bench", file=sys.stderr)
             return 2
         from . import _bench_cpu
 
         return _bench_cpu.run(args)
-    try:
-        caps = _core.device_caps(args.device)  # what the device can do, not what it is called
-    except (ValueError, Error) as e:
-        print(f"python -m muser bench: {e}", file=sys.stderr)
-        return 2
     if caps["dlpack_device"] == 2:  # device memory of its own, reached through CUDA: the GPU bench
         try:
             cuda_bench = importlib.import_module("muser._cuda_bench")

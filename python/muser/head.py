@@ -168,8 +168,8 @@ class Head:
         for name, flag in (("mmap", mmap), ("fuse", fuse)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        if route == "pinned" and device != "cpu":
-            raise ValueError("route='pinned' runs llama.cpp's ggml CPU backend; use device='cpu'")
+        if route == "pinned" and _core.device_caps(device)["resident_logits"]:  # refused before any upload
+            raise ValueError("route='pinned' runs llama.cpp's ggml CPU backend on host memory; use device='cpu'")
         core_route = "graph" if route == "pinned" else route
         core = _core.Head.load(path, device, core_route, acts, int(threads or 0), mmap, fuse, dict(overrides))
         pinned = None

@@ -122,10 +122,10 @@ int pointer_device(const void* p) {
 std::string device_description(int ordinal) {
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %d SMs, %.1f GiB)", prop.name, prop.major, prop.minor,
-                prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
-  return buf;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " (sm_%d%d, %d SMs, %.1f GiB)", prop.major, prop.minor, prop.multiProcessorCount,
+                (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+  return std::string(prop.name) + buf;
 }
 
 void copy_to_host(const void* src, void* dst, size_t bytes) {
