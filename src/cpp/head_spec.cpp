@@ -8,7 +8,7 @@
 
 #include "errors.h"
 #include "gguf.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 namespace muser {
 

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "errors.h"
-#include "muser/dequant.h"
+#include "quant_types.h"
 
 namespace muser {
 namespace {

@@ -1,4 +1,4 @@
-// The CUDA device: weights uploaded once at load, in the device layout (repack.cuh), one stream
+// The CUDA device: weights uploaded once at load, in the device layout (device_layout.h), one stream
 // per device, nodes launched in route order on that stream (stream order is
 // the barrier between dependent nodes), CUDA events around each node when a
 // profile is asked for, pinned host memory for the logits the Head returns.
@@ -22,7 +22,7 @@
 #include "device.h"
 #include "errors.h"
 #include "kernels.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 namespace muser {
 

@@ -48,7 +48,7 @@ struct MatvecArgs : WeightArgs {
 // Bytes the device allocates after the weight: the matvec prefetches one
 // unit past a row unconditionally (cheaper than a branch per unit).
 constexpr size_t kWeightPadBytes = 8192;
-// Device bytes of a weight in the device layout (repack.cuh: quantized rows
+// Device bytes of a weight in the device layout (device_layout.h: quantized rows
 // in tiles of 16, the last one padded), kWeightPadBytes included.
 size_t device_weight_bytes(uint32_t type, int64_t rows, int64_t row_bytes);
 // Copies a GGUF weight (host memory, rows x row_bytes) into dst

@@ -25,7 +25,7 @@
 // sub-block. In the canonical order every lane touches all 8 sub-blocks of a
 // block, so each lane computes ONE of the 16 factors of one of two rows and the
 // warp shares them through shared memory (store_factors, read_factors). Q4_K/Q5_K blocks are
-// permuted at load (repack.cuh) so a lane's 4 quant bytes are one 32-bit load
+// permuted at load (device_layout.h) so a lane's 4 quant bytes are one 32-bit load
 // and its 8 fifth bits one byte; q becomes an exact float as 2^23 + q - 2^23.
 // Weights stream through ld.global.nc.L1::no_allocate (read once, keep L1 for x).
 //
@@ -40,7 +40,7 @@
 #include "kernels.h"
 #include "muser/quant_blocks.h"
 #include "pdl.cuh"
-#include "repack.cuh"
+#include "muser/device_layout.h"
 
 namespace muser::cuda {
 
@@ -89,7 +89,7 @@ __device__ __forceinline__ float half_bits_to_float(uint32_t h) {
 }
 
 // The first block of row r of a warp's group in the device layout (row tiles
-// for quantized types, repack.cuh); rows past the end re-read the last row
+// for quantized types, device_layout.h); rows past the end re-read the last row
 // (their results are never stored) so every warp runs the same loop and barriers.
 template <bool kTiled, int kBlockBytes>
 __device__ __forceinline__ const uint8_t* row_ptr(const MatvecArgs& a, int64_t row) {

@@ -17,6 +17,7 @@
 #include "cuda_check.h"
 #include "matvec_q8.cuh"
 #include "pdl.cuh"
+#include "quant_types.h"
 
 namespace muser::cuda {
 

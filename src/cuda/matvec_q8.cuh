@@ -29,7 +29,7 @@
 //   y = sum_q - sum_m          (Q6_K: y = sum_q; Q8_0: sum_q = fmaf((float)isum, d*dx, sum_q))
 // so the logits equal the CPU's bit for bit, for any t and any row mapping.
 //
-// Weights. Q4_K/Q5_K use the device layout of repack.cuh (qs' words: one
+// Weights. Q4_K/Q5_K use the device layout of device_layout.h (qs' words: one
 // position, four nibble pairs); a lane reads its 8 positions (32 bytes, two
 // 16-byte loads per row) and transposes them with 8 PRMTs per 16 bytes into
 // registers of 4 same-sub-block quants, merging the fifth bits from qh' with
@@ -124,7 +124,7 @@ __device__ __forceinline__ void transpose_bytes(const uint4& w, uint32_t (&T)[4]
   T[3] = __byte_perm(b, d, 0x7632);
 }
 
-// The first block of a row in the device layout (row tiles, repack.cuh); rows
+// The first block of a row in the device layout (row tiles, device_layout.h); rows
 // past the end re-read the last row (never stored).
 template <int kBlockBytes>
 __device__ __forceinline__ const uint8_t* q8_row_ptr(const Q8Args& a, int64_t row) {
@@ -690,7 +690,7 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
   // current tile computes (a drained ring at each tile cost a DRAM round
   // trip per tile). The tile's unit u is the kStage bytes at
   // tile_src + u * kStage, already in the [16 rows][block] order of a stage
-  // (repack.cuh; pad rows are zeros).
+  // (device_layout.h; pad rows are zeros).
   const int64_t my_groups = (groups - blockIdx.x + gridDim.x - 1) / gridDim.x;  // >= 1: grid <= groups
   auto tile_src = [&](int64_t n) {
     const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kQ8StagedWarps + warp) * kQ8RowsPerWarp;

@@ -15,7 +15,7 @@
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
 #include "errors.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 namespace nb = nanobind;
 

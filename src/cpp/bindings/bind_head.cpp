@@ -20,7 +20,7 @@
 #include "errors.h"
 #include "gguf.h"
 #include "head.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 namespace nb = nanobind;
 

@@ -23,7 +23,7 @@
 
 #include "cpu/kernels.h"
 #include "errors.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 namespace muser::cpu {
 
