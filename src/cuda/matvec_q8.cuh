@@ -24,9 +24,10 @@
 // are the CPU's exact integers.
 //
 // Float order. The lane holding a (row, token) pair runs the CPU's chain over
-// the row's blocks in increasing order (q8_rows.h):
-//   sum_q = fmaf(dx*d, (float)isum, sum_q); sum_m = fmaf(dx*dmin, (float)msum, sum_m)
-//   y = sum_q - sum_m          (Q6_K: y = sum_q; Q8_0: sum_q = fmaf((float)isum, d*dx, sum_q))
+// the row's blocks in increasing order, through the same functions
+// (muser/q8_step.h):
+//   sum_q = q8_block_step(sum_q, dx, d, isum); sum_m = q8_block_step(sum_m, dx, dmin, msum)
+//   y = q8_kquant45_result(sum_q, sum_m)   (Q6_K: y = sum_q; Q8_0: q8_0_block_step)
 // so the logits equal the CPU's bit for bit, for any t and any row mapping.
 //
 // Weights. Q4_K/Q5_K use the device layout of device_layout.h (qs' words: one
@@ -39,6 +40,7 @@
 #pragma once
 #include "kernels.h"
 #include "matvec.cuh"
+#include "muser/q8_step.h"
 
 #include <type_traits>
 
@@ -175,8 +177,8 @@ __device__ __forceinline__ void kquant45_float_step(const KScales (&ks)[2], cons
         const int hi = dp4a_us(ks[r].m[1], s.w, dp4a_us(ks[r].m[0], s.z, 0));
         const int msum = hi * 256 + lo;
         const int i = 2 * r + j;
-        acc_q[nt][i] = fmaf(dx * ks[r].d, (float)isum[nt][i], acc_q[nt][i]);
-        acc_m[nt][i] = fmaf(dx * ks[r].dmin, (float)msum, acc_m[nt][i]);
+        acc_q[nt][i] = q8_block_step(acc_q[nt][i], dx, ks[r].d, isum[nt][i]);
+        acc_m[nt][i] = q8_block_step(acc_m[nt][i], dx, ks[r].dmin, msum);
       }
     }
 }
@@ -409,7 +411,7 @@ struct Q8DecQ6K {
           hh = dp4a_ss(r.sc[i][3], hi.w, hh);
           const int corr = hh * 256 + l;
           const int p = 2 * i + j;
-          acc_q[nt][p] = fmaf(dx * d[i], (float)(isum[nt][p] - 32 * corr), acc_q[nt][p]);
+          acc_q[nt][p] = q8_block_step(acc_q[nt][p], dx, d[i], isum[nt][p] - 32 * corr);
         }
       }
   }
@@ -484,7 +486,7 @@ struct Q8DecQ80 {
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int p = 2 * i + j;
-            acc_q[nt][p] = fmaf((float)C[p], dw[i] * dx, acc_q[nt][p]);
+            acc_q[nt][p] = q8_0_block_step(acc_q[nt][p], C[p], dw[i], dx);
           }
         }
       }
