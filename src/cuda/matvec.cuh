@@ -119,11 +119,12 @@ struct KFactorLane {
     slot = (lane >> 4) * 16 + v;
   }
   // The factor from a block header (d | dmin << 16, scales[0..3], [4..7], [8..11]):
-  // the packed form of k_scale_min, then an exact product of an f16 and a 6-bit integer.
+  // this lane's half of quant_blocks.h's unpacker, then an exact product of an
+  // f16 and a 6-bit integer.
   __device__ __forceinline__ float factor(const uint4& h) const {
     const uint32_t a = is_min ? h.z : h.y;  // 6-bit values j < 4; their top 2 bits for j >= 4
     const uint32_t b = h.w >> low_shift;    // low 4 bits of values j >= 4
-    const uint32_t word = high ? (b & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u) : (a & 0x3f3f3f3fu);
+    const uint32_t word = high ? kscale_high(b, a) : kscale_low(a);
     const float q = __int_as_float((int)__byte_perm(word, exponent, byte_sel)) - 8388608.0f;
     return half_bits_to_float((h.x >> half_shift) & 0xffffu) * q;
   }

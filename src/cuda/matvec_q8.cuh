@@ -144,17 +144,18 @@ struct Q8Smem {
 // ---------------------------------------------------------------- Q4_K / Q5_K
 
 // Scales and mins of a K-quant block header (d | dmin << 16, scales[0..3], [4..7], [8..11]):
-// sc[0] = sc_0..sc_3, sc[1] = sc_4..sc_7, likewise m (one byte each; k_scale_min packed).
+// sc[0] = sc_0..sc_3, sc[1] = sc_4..sc_7, likewise m (one byte each: quant_blocks.h's
+// unpacker halves, as kquant_scale_words applies them).
 struct KScales {
   float d, dmin;
   uint32_t sc[2], m[2];
   __device__ __forceinline__ explicit KScales(const uint4& h) {
     d = half_bits_to_float(h.x & 0xffffu);
     dmin = half_bits_to_float(h.x >> 16);
-    sc[0] = h.y & 0x3f3f3f3fu;
-    m[0] = h.z & 0x3f3f3f3fu;
-    sc[1] = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
-    m[1] = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+    sc[0] = kscale_low(h.y);
+    m[0] = kscale_low(h.z);
+    sc[1] = kscale_high(h.w, h.y);
+    m[1] = kscale_high(h.w >> 4, h.z);
   }
 };
 
