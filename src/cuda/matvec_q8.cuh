@@ -216,9 +216,10 @@ __device__ __forceinline__ void kquant_pair_mma(const uint32_t (&alo)[4], const 
 }
 
 template <bool kHigh>
-struct Q8DecKQuant {  // Q5_K (kHigh) or Q4_K, repacked (repack.cuh)
-  static constexpr int kUnit = 256, kMetaCols = 256, kRec = 32, kLaneBytes = 8;
-  static constexpr int kBlockBytes = kHigh ? 176 : 144, kBlockStride = kTileRows * kBlockBytes;
+struct Q8DecKQuant {  // Q5_K (kHigh) or Q4_K, repacked (device_layout.h)
+  static constexpr int kUnit = kQK_K, kMetaCols = kQK_K, kRec = 32, kLaneBytes = 8;
+  static constexpr int kBlockBytes = kHigh ? (int)sizeof(BlockQ5_K) : (int)sizeof(BlockQ4_K);
+  static constexpr int kBlockStride = kTileRows * kBlockBytes;
   static constexpr int kUnitBytes = kBlockBytes;  // one block per unit
   static constexpr int kQsOffset = kHigh ? kQ5KQuantsOffset : kQ4KQuantsOffset;
   static constexpr bool kMins = true;
@@ -318,7 +319,8 @@ using Q8DecQ4K = Q8DecKQuant<false>;
 // low 4 bits in ql[64h + 32(qq&1) + 16gg + 4q + i] (nibble qq>>1), high 2 bits
 // in qh[32h + 16gg + 4q + i] (bits 2qq, 2qq+1), scale scales[g] (int8).
 struct Q8DecQ6K {
-  static constexpr int kUnit = 256, kMetaCols = 256, kRec = 48, kLaneBytes = 4, kBlockBytes = 210;
+  static constexpr int kUnit = kQK_K, kMetaCols = kQK_K, kRec = 48, kLaneBytes = 4;
+  static constexpr int kBlockBytes = (int)sizeof(BlockQ6_K);
   static constexpr int kBlockStride = kTileRows * kBlockBytes;
   static constexpr bool kMins = false;
   struct Rows {
@@ -348,10 +350,10 @@ struct Q8DecQ6K {
 #pragma unroll
       for (int w = 0; w < 8; ++w) r.ql[i][w] = ld_weight_u32_a2(lq + 64 * (w >> 2) + 32 * ((w >> 1) & 1) + 16 * (w & 1));
 #pragma unroll
-      for (int w = 0; w < 4; ++w) r.qh[i][w] = ld_weight_u32_a2(lq + 128 + 32 * (w >> 1) + 16 * (w & 1));
+      for (int w = 0; w < 4; ++w) r.qh[i][w] = ld_weight_u32_a2(lq + kQ6KQhOffset + 32 * (w >> 1) + 16 * (w & 1));
 #pragma unroll
-      for (int k = 0; k < 4; ++k) r.sc[i][k] = ld_weight_u32_a2(b + 192 + 4 * k);
-      r.d[i] = ld_weight_u16(b + 208);
+      for (int k = 0; k < 4; ++k) r.sc[i][k] = ld_weight_u32_a2(b + kQ6KScalesOffset + 4 * k);
+      r.d[i] = ld_weight_u16(b + kQ6KDOffset);
     }
   }
   template <int NT, int kJ>
@@ -422,7 +424,9 @@ struct Q8DecQ6K {
 
 // A unit is 4 blocks of 32; lane quad q holds positions 8q..8q+7 of each.
 struct Q8DecQ80 {
-  static constexpr int kUnit = 128, kMetaCols = 32, kRec = 4, kLaneBytes = 8, kBlockBytes = 34;
+  static constexpr int kUnit = 4 * kQK8_0, kMetaCols = kQK8_0, kRec = 4, kLaneBytes = 8;
+  static constexpr int kBlockBytes = (int)sizeof(BlockQ8_0);
+  static_assert(kQ8_0QsOffset == 2, "load_staged reads the quants as the halfwords after d");
   static constexpr int kBlockStride = kTileRows * kBlockBytes;
   static constexpr bool kMins = false;
   struct Rows {
@@ -449,8 +453,8 @@ struct Q8DecQ80 {
       for (int s = 0; s < 4; ++s) {
         const uint8_t* b = p.b[i] + (kAhead * 4 + s) * kBlockStride;
         r.d[i][s] = ld_weight_u16(b);
-        r.lo[i][s] = ld_weight_u32_a2(b + 2 + p.q8);
-        r.hi[i][s] = ld_weight_u32_a2(b + 6 + p.q8);
+        r.lo[i][s] = ld_weight_u32_a2(b + kQ8_0QsOffset + p.q8);
+        r.hi[i][s] = ld_weight_u32_a2(b + kQ8_0QsOffset + 4 + p.q8);
       }
   }
   // the same fields from a unit staged in shared memory ([4 blocks][16 rows][34 bytes]: the
