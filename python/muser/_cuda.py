@@ -172,7 +172,7 @@ def topk(head: Any, hidden: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k best tokens per row, ranked on the GPU; only ids and values come back."""
     rows, ptr, t, single = _inputs(head, hidden)
     k = int(k)
-    if k > 1024:  # beyond the device kernel's range: rank the host copy
+    if k > _core.build_info()["topk_max_k"]:  # beyond the device kernel's range: rank the host copy
         logits = call(head, hidden, on_device=False, out=None, check_finite=True)
         ids, vals = _core.topk_rows(np.ascontiguousarray(logits.reshape(t, -1)), k)
     else:

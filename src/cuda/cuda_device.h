@@ -41,7 +41,7 @@ class CudaDevice : public Device {
   // behind hold_stream, so its time excludes the host's launch latency.
   virtual std::vector<double> route_seconds(const std::vector<Node>& nodes, Acts acts, const float* hidden,
                                             bool hidden_on_device, int t, int reps, bool held) = 0;
-  // The k best logits of each of t rows of device logits [t x V] (k <= 1024),
+  // The k best logits of each of t rows of device logits [t x V] (k <= kTopkMax, muser/kernel_args.h),
   // best first; ids and vals are host arrays of t*k.
   virtual void topk(const float* logits, int t, int k, int64_t* ids, float* vals) = 0;
   // Lowest index of a NaN/inf in n floats of this GPU's memory, or -1.

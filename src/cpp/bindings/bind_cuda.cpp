@@ -24,6 +24,7 @@
 #include "bindings.h"
 #include "errors.h"
 #include "head.h"
+#include "muser/kernel_args.h"
 
 #ifdef MUSER_HAVE_CUDA
 #include "cuda_device.h"
@@ -223,8 +224,9 @@ void bind_cuda(nb::module_& m) {
 #ifdef MUSER_HAVE_CUDA
     cuda::CudaDevice& dev = cuda_device_of(*h);
     const int64_t V = h->spec().vocab;
-    if (k < 1 || k > V || k > 1024)
-      throw ArgValueError("k must be in [1, min(V, 1024)] for top-k on the GPU, got " + std::to_string(k));
+    if (k < 1 || k > V || k > kTopkMax)
+      throw ArgValueError("k must be in [1, min(V, " + std::to_string(kTopkMax) + ")] for top-k on the GPU, got " +
+                          std::to_string(k));
     std::vector<int64_t> ids((size_t)(t * k));
     std::vector<float> vals((size_t)(t * k));
     {
