@@ -32,7 +32,7 @@ std::shared_ptr<Head> Head::from_file(std::shared_ptr<GGUFFile> file, const Head
   const GGUFTensorInfo* w = h->file_->find_tensor(s.output_weight);
   if (options.acts == Acts::Q8 && (w->type == (uint32_t)GgmlType::F32 || w->type == (uint32_t)GgmlType::F16 ||
                                    w->type == (uint32_t)GgmlType::BF16))
-    throw ArgValueError("acts='q8' needs a quantized head weight (Q8_0, Q4_K, Q5_K, Q6_K); '" + w->name +
+    throw ArgValueError("acts='q8' needs a quantized head weight (" + q8_type_list() + "); '" + w->name +
                         "' is " + type_traits(w->type).name + " (use acts='f32')");
   h->weights_.output = {w->type, s.vocab, s.hidden, w->row_bytes(), h->file_->tensor_data(*w)};
   h->weights_.gamma = vector_tensor(*h->file_, s.norm_weight);

@@ -258,8 +258,8 @@ class CudaDeviceImpl final : public CudaDevice {
                                               bool hidden_on_device, int t,
                                               std::vector<NodeTiming>* timings) override {
     if (acts == Acts::Q8 && !q8_supported(out_.type))
-      throw ArgValueError(std::string("acts='q8' quantizes the activations to int8 as ggml's CPU does for "
-                                      "Q4_K, Q5_K, Q6_K and Q8_0 weights; ") +
+      throw ArgValueError("acts='q8' quantizes the activations to int8 as ggml's CPU does for " + q8_type_list() +
+                          " weights; " +
                           spec_.output_weight + " is " + type_traits(out_.type).name +
                           " (ggml multiplies float weights with float activations): use acts='f32'");
     if (t < 1) throw ArgValueError("t must be >= 1");

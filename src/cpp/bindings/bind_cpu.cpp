@@ -33,7 +33,7 @@ uint32_t q8_weight_type(const std::string& name) {
     const TypeTraits tt = type_traits(id);
     if (tt.name && name == tt.name && cpu::q8_supported(id)) return id;
   }
-  throw ArgValueError("acts='q8' weight type must be Q4_K, Q5_K, Q6_K or Q8_0; got '" + name + "'");
+  throw ArgValueError("acts='q8' weight type must be one of " + q8_type_list() + "; got '" + name + "'");
 }
 
 template <class T>

@@ -77,21 +77,11 @@ constexpr int kNibbleOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
 
 }  // namespace
 
-bool q8_supported(uint32_t type) {
-  switch ((GgmlType)type) {
-    case GgmlType::Q4_K:
-    case GgmlType::Q5_K:
-    case GgmlType::Q6_K:
-    case GgmlType::Q8_0:
-      return true;
-    default:
-      return false;
-  }
-}
+bool q8_supported(uint32_t type) { return is_q8_type(type); }
 
 void quantize_acts_q8(uint32_t weight_type, const float* x, int64_t ldx, int64_t K, int t, ActsQ8* a) {
   if (!q8_supported(weight_type))
-    throw ArgValueError(std::string("acts='q8' needs Q4_K, Q5_K, Q6_K or Q8_0 weights; got ") +
+    throw ArgValueError("acts='q8' needs weights of one of " + q8_type_list() + "; got " +
                         (type_traits(weight_type).name ? type_traits(weight_type).name : "an unknown type"));
   const bool kquant = weight_type != (uint32_t)GgmlType::Q8_0;
   const int block = kquant ? kQK_K : kQK8_0;

@@ -47,8 +47,8 @@ class CpuDevice final : public Device {
   void run(const std::vector<Node>& nodes, Acts acts, const float* hidden, int t, float* logits,
            std::vector<NodeTiming>* timings) override {
     if (acts == Acts::Q8 && !cpu::q8_supported(w_->output.type))
-      throw ArgValueError(std::string("acts='q8' quantizes the activations to int8 as ggml's CPU does for "
-                                      "Q4_K, Q5_K, Q6_K and Q8_0 weights; ") +
+      throw ArgValueError("acts='q8' quantizes the activations to int8 as ggml's CPU does for " + q8_type_list() +
+                          " weights; " +
                           spec_.output_weight + " is " + type_traits(w_->output.type).name +
                           " (ggml multiplies float weights with float activations): use acts='f32'");
     const int64_t H = spec_.hidden, V = spec_.vocab;
