@@ -15,8 +15,8 @@
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
 #include "errors.h"
+#include "quant_types.h"
 #include "route.h"
-#include "muser/quant_blocks.h"
 
 namespace nb = nanobind;
 
@@ -32,9 +32,9 @@ using U8Out = nb::ndarray<nb::numpy, uint8_t, nb::ndim<2>>;
 uint32_t q8_weight_type(const std::string& name) {
   for (uint32_t id = 0; id < 64; ++id) {
     const TypeTraits tt = type_traits(id);
-    if (tt.name && name == tt.name && q8_activations_for(id)) return id;
+    if (tt.name && name == tt.name && is_q8_type(id)) return id;
   }
-  throw ArgValueError("acts='q8' weight type must be Q4_K, Q5_K, Q6_K or Q8_0; got '" + name + "'");
+  throw ArgValueError("acts='q8' weight type must be one of " + q8_type_list() + "; got '" + name + "'");
 }
 
 template <class T>
