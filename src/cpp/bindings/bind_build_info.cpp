@@ -4,6 +4,7 @@
 
 #include "bindings.h"
 #include "cpu/isa.h"
+#include "cpu/parallel.h"
 
 namespace nb = nanobind;
 
@@ -28,13 +29,15 @@ void bind_build_info(nb::module_& m) {
     for (auto isa : cpu::available_isas()) isas.append(cpu::isa_name(isa));
     d["cpu_isas"] = isas;
     d["cpu_isa_active"] = cpu::isa_name(cpu::active_isa());
-#ifdef _OPENMP
-    d["openmp"] = true;
+    // what runs parallel_for (cpu/parallel.h)
+#if defined(__APPLE__)
+    d["cpu_threading"] = "gcd";
 #else
-    d["openmp"] = false;
+    d["cpu_threading"] = "pool";
 #endif
+    d["default_threads"] = cpu::default_threads();
     return d;
-  }, "What this build of muser contains: backends compiled in, CPU ISA paths, version.");
+  }, "What this build of muser contains: backends compiled in, CPU ISA paths, CPU threading, version.");
 }
 
 }  // namespace muser::py

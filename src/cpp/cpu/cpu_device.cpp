@@ -9,6 +9,9 @@
 #include <cstdlib>
 #include <thread>
 #include <vector>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
@@ -20,12 +23,13 @@ namespace muser {
 
 namespace cpu {
 int default_threads() {
-#if defined(_OPENMP) && !defined(__APPLE__)
-  return omp_get_max_threads();
-#else
-  const unsigned n = std::thread::hardware_concurrency();
-  return n ? (int)n : 1;
+  int n = 0;
+#if defined(__linux__)
+  cpu_set_t set;  // a taskset'd process counts only its own CPUs
+  if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
 #endif
+  if (n <= 0) n = (int)std::thread::hardware_concurrency();
+  return std::clamp(n, 1, kMaxThreads);
 }
 }  // namespace cpu
 
