@@ -122,7 +122,7 @@ class Head:
                 ``"reference"`` (the scalar oracle) or ``"pinned"`` (llama.cpp's own
                 kernels; needs ``llama-cpp-python``).
             acts: ``"f32"`` activations, or ``"q8"`` (int8 blocks as ggml's CPU quantizes them).
-            threads: CPU threads (default: all cores).
+            threads: CPU threads, 1 to 256 (``build_info()["max_threads"]``; else ValueError); None: all usable CPUs.
             **overrides: switch a step: ``softcap=None`` or ``softcap=20.0``,
                 ``logit_scale=None`` or a value, ``eps=1e-6``,
                 ``output_weight="token_embd.weight"``, ``arch="gemma2"``.

@@ -19,7 +19,7 @@ struct HeadOptions {
   std::string device = "cpu";
   Route route = Route::Graph;
   Acts acts = Acts::F32;
-  int threads = 0;  // <= 0: the device's default
+  int threads = 0;  // 0: the device's default; 1..cpu::kMaxThreads, else ArgValueError
   SpecOverrides overrides;
 };
 

@@ -81,9 +81,13 @@ TEST(ThreadPool, RunsChunksAtOnce) {
 }
 
 TEST(ThreadPool, WorkersNeverExceedTheMaximum) {
-  // parallel_for clamps what internal callers pass
+  // parallel_for clamps what internal callers pass; the entry points refuse it (check_threads)
   EXPECT_TRUE(visits_each_once(100000, 1, 3000));
   EXPECT_LE(pool_workers(), kMaxThreads - 1);
+  EXPECT_THROW(muser::cpu::check_threads(kMaxThreads + 1), std::invalid_argument);
+  EXPECT_THROW(muser::cpu::check_threads(-1), std::invalid_argument);
+  EXPECT_NO_THROW(muser::cpu::check_threads(0));
+  EXPECT_NO_THROW(muser::cpu::check_threads(kMaxThreads));
   EXPECT_GE(muser::cpu::default_threads(), 1);
   EXPECT_LE(muser::cpu::default_threads(), kMaxThreads);
 }

@@ -29,12 +29,13 @@ void bind_build_info(nb::module_& m) {
     for (auto isa : cpu::available_isas()) isas.append(cpu::isa_name(isa));
     d["cpu_isas"] = isas;
     d["cpu_isa_active"] = cpu::isa_name(cpu::active_isa());
-    // what runs parallel_for (cpu/parallel.h)
+    // what runs parallel_for (cpu/parallel.h), and the most threads= accepts
 #if defined(__APPLE__)
     d["cpu_threading"] = "gcd";
 #else
     d["cpu_threading"] = "pool";
 #endif
+    d["max_threads"] = cpu::kMaxThreads;
     d["default_threads"] = cpu::default_threads();
     return d;
   }, "What this build of muser contains: backends compiled in, CPU ISA paths, CPU threading, version.");

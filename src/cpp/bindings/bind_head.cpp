@@ -361,6 +361,7 @@ void bind_head(nb::module_& m) {
         if (isa) which = cpu::isa_by_name(*isa);
         if (order != "canonical" && order != "reference")
           throw ArgValueError("order must be 'canonical' or 'reference', got '" + order + "'");
+        cpu::check_threads(threads);
         F32Array out = new_array(t, (size_t)wv.rows);
         float* o = out.data();
         {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 #if defined(__linux__)
@@ -30,6 +31,13 @@ int default_threads() {
 #endif
   if (n <= 0) n = (int)std::thread::hardware_concurrency();
   return std::clamp(n, 1, kMaxThreads);
+}
+
+void check_threads(int threads, const char* arg) {
+  if (threads < 0 || threads > kMaxThreads)
+    throw ArgValueError(std::string(arg) + " must be between 0 (every CPU this process may use) and " +
+                        std::to_string(kMaxThreads) + " (muser's maximum, build_info()['max_threads']); got " +
+                        std::to_string(threads));
 }
 }  // namespace cpu
 

@@ -22,6 +22,10 @@ namespace muser::cpu {
 // each worker reserves a stack (8 MiB of address space by default).
 inline constexpr int kMaxThreads = 256;
 
+// Throws ArgValueError unless 0 <= threads <= kMaxThreads (0: the default);
+// the message names `arg` and the maximum.
+void check_threads(int threads, const char* arg = "threads");
+
 // Threads used when the caller does not say: the CPUs this process may run
 // on (its affinity mask, as OpenMP counted them), at most kMaxThreads.
 int default_threads();
