@@ -172,7 +172,7 @@ class Head:
                 ``"reference"`` (the scalar oracle) or ``"pinned"`` (llama.cpp's own
                 kernels; needs ``llama-cpp-python``).
             acts: ``"f32"`` activations, or ``"q8"`` (int8 blocks as ggml's CPU quantizes them).
-            threads: CPU threads (default: all cores).
+            threads: CPU threads, 1 to 256 (``build_info()["max_threads"]``; else ValueError); None: all usable CPUs.
             mmap: map the file and read the weights in place (default), or ``False`` to
                 read the whole file into private memory at load: nothing done to the file
                 afterwards can reach the head.

@@ -66,7 +66,7 @@ void bind_cpu(nb::module_& m) {
         return d;
       },
       nb::arg("nbytes"), nb::arg("threads") = 0, nb::arg("repeats") = 3,
-      "Stream nbytes with `threads` threads (0: all), `repeats` times; returns bytes, threads, seconds per repeat.");
+      "Stream nbytes with `threads` threads (0: all, at most build_info()['max_threads']), `repeats` times; returns bytes, threads, seconds per repeat.");
 
   m.def(
       "ops_quantize_acts",
@@ -99,6 +99,7 @@ void bind_cpu(nb::module_& m) {
         if ((int64_t)x.shape(1) != wv.cols)
           throw ArgValueError("x must have " + std::to_string(wv.cols) + " columns, got " + std::to_string(x.shape(1)));
         const cpu::Isa which = isa ? cpu::isa_by_name(*isa) : cpu::active_isa();
+        cpu::check_threads(threads);
         const int t = (int)x.shape(0);
         auto out = owned<float>((size_t)t, (size_t)wv.rows);
         float* y = out.data();

@@ -345,6 +345,7 @@ void bind_head(nb::module_& m) {
          std::optional<AnyArray> gamma, float scale, float cap, bool fuse, int threads) {
         const float* xs = f32_matrix(x, "x", -1);
         const size_t t = x.shape(0), n = x.shape(1);
+        cpu::check_threads(threads);
         if (stage != "norm" && stage != "epilogue") throw ArgValueError("stage must be 'norm' or 'epilogue', got '" + stage + "'");
         if (norm != "rms" && norm != "layer") throw ArgValueError("norm must be 'rms' or 'layer', got '" + norm + "'");
         HeadSpec spec;
@@ -403,6 +404,7 @@ void bind_head(nb::module_& m) {
         if (isa) which = cpu::isa_by_name(*isa);
         if (order != "canonical" && order != "reference")
           throw ArgValueError("order must be 'canonical' or 'reference', got '" + order + "'");
+        cpu::check_threads(threads);
         F32Array out = new_array(t, (size_t)wv.rows);
         float* o = out.data();
         {
