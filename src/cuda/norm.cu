@@ -132,9 +132,24 @@ __global__ void norm_kernel(const float* x, float* y, int64_t H, float eps, cons
   float* yr = y + blockIdx.x * H;
   const float r = norm_inv_scale<kKind>(xr, yr, H, eps);
   const float* src = is_layer_norm(kKind) ? yr : xr;  // each thread reads back only what it wrote
-  if (gamma)
-    for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(__fmul_rn(src[j], r), gamma[j]);
-  else
+  if (gamma) {
+    // One CTA does a whole row, so γ's loads must not wait for each other (or
+    // for the stores): kGammaBatch of them are issued before any store.
+    constexpr int kGammaBatch = 8;
+    for (int64_t j0 = threadIdx.x; j0 < H; j0 += kGammaBatch * kNormThreads) {
+      float g[kGammaBatch];
+#pragma unroll
+      for (int u = 0; u < kGammaBatch; ++u) {
+        const int64_t j = j0 + u * kNormThreads;
+        g[u] = j < H ? __ldg(gamma + j) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kGammaBatch; ++u) {
+        const int64_t j = j0 + u * kNormThreads;
+        if (j < H) yr[j] = __fmul_rn(__fmul_rn(src[j], r), g[u]);
+      }
+    }
+  } else
     for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(src[j], r);
 }
 

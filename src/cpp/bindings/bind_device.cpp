@@ -162,6 +162,8 @@ void bind_device(nb::module_& m) {
     nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
     {
       nb::gil_scoped_release release;
+      // the device's stream is the head's: a copy must not land inside another thread's graph capture
+      std::lock_guard<std::mutex> lock(h->mutex());
       dev.download(reinterpret_cast<const float*>((uintptr_t)address), data, (size_t)count);
     }
     size_t shape[1] = {(size_t)count};
