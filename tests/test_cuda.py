@@ -345,18 +345,16 @@ def test_on_device_needs_a_cuda_head(head_file):
         cpu(hidden_states(SHAPES["Q5_K"], 1), on_device=True)
 
 
-@pytest.mark.parametrize("acts", ("f32", "q8"))
 @pytest.mark.parametrize("route", ("graph", "canonical", "fused"))
-def test_the_fused_norm_kernel_gives_the_two_nodes_bytes(head_file, route, acts):
-    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts=acts)
-    plain = muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts=acts, fuse=False)
-    assert gpu.steps[0] == ("final_norm", "final_norm_gamma") and plain.steps[0] == ("final_norm",)
-    assert ("lm_head",) in gpu.steps  # the GPU fuses no epilogue into its matvec
-    for t in (1, 3, 8):
-        x = hidden_states(SHAPES["Q5_K"], t, seed=60 + t)
-        assert_bitwise(gpu(x), plain(x), f"{route} {acts} t={t}")
-        prof = gpu.profile(x)
-        assert [tuple(p.nodes) for p in prof] == gpu.steps
+def test_cuda_plans_only_the_fusions_it_has_kernels_for(head_file, route):
+    # the route allows norm+γ (and on fused/canonical matvec+epilogue); CUDA has no fused kernel for
+    # either (its kernels overlap through PDL instead), so every step is one node and the profile says so
+    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts="q8")
+    assert gpu.steps == [(label,) for label, _ in gpu.nodes]
+    x = hidden_states(SHAPES["Q5_K"], 3, seed=61)
+    assert [p.label for p in gpu.profile(x)] == [label for label, _ in gpu.nodes]
+    assert_bitwise(gpu(x), muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts="q8", fuse=False)(x),
+                   route)
 
 
 # ---- how a call runs: the route as one cached CUDA graph with programmatic dependent launches ----

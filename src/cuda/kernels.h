@@ -17,11 +17,8 @@ enum class NormOrder {
   Ggml,       // ggml's CPU arithmetic: f32 squares summed in double (parallel), IEEE div/sqrt
   Canonical,  // docs/numerics.md: 32 lanes, fmaf, butterfly tree -- bit-equal to the CPU
 };
-// gamma non-null: the fused norm + mul(γ) step (the two nodes' bytes), else the norm alone.
-void rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, const float* gamma,
-              cudaStream_t stream);
-void layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, const float* gamma,
-                cudaStream_t stream);
+void rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream);
+void layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream);
 // y[k, i] = y[k, i] * v[i] for k < rows, i < n
 void mul_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t stream);
 

@@ -1,8 +1,8 @@
-// The final norm nodes: RMSNorm and LayerNorm, one CTA of 256 threads per
-// hidden state, the row staged in shared memory when it fits (load_row). With
-// gamma, the kernel is the fused norm + mul(γ) step: each element's product
-// with γ is taken on the norm's rounded result, the two nodes' exact bytes;
-// without, γ is the separate mul_rows node.
+// The final norm nodes: RMSNorm and LayerNorm (without gamma, which is the
+// mul_rows node), one CTA of 256 threads per hidden state, the row staged in
+// shared memory when it fits (load_row). The norm is not fused with γ here: a
+// one-CTA-per-row norm + γ kernel made the q8 route 1.5 % slower at t = 1 than
+// the two kernels overlapped by PDL (docs/performance.md, "Fusion on CUDA").
 //
 // Ggml order (routes graph, fused, reference): ggml's CPU arithmetic -- each
 // square (or value) rounded to f32, summed in double -- with the double sum
@@ -121,10 +121,9 @@ __device__ float norm_inv_scale(const float* xr, float* yr, int64_t H, float eps
   }
 }
 
-// One CTA per hidden state: y = x * r (RMSNorm) or (x - mean) * r (LayerNorm),
-// then y * gamma when gamma is given.
+// One CTA per hidden state: y = x * r (RMSNorm) or (x - mean) * r (LayerNorm).
 template <NormKind kKind, bool kStaged>
-__global__ void norm_kernel(const float* x, float* y, int64_t H, float eps, const float* gamma) {
+__global__ void norm_kernel(const float* x, float* y, int64_t H, float eps) {
   pdl_launch_dependents();
   pdl_wait();
   extern __shared__ float row_smem[];
@@ -132,25 +131,7 @@ __global__ void norm_kernel(const float* x, float* y, int64_t H, float eps, cons
   float* yr = y + blockIdx.x * H;
   const float r = norm_inv_scale<kKind>(xr, yr, H, eps);
   const float* src = is_layer_norm(kKind) ? yr : xr;  // each thread reads back only what it wrote
-  if (gamma) {
-    // One CTA does a whole row, so γ's loads must not wait for each other (or
-    // for the stores): kGammaBatch of them are issued before any store.
-    constexpr int kGammaBatch = 8;
-    for (int64_t j0 = threadIdx.x; j0 < H; j0 += kGammaBatch * kNormThreads) {
-      float g[kGammaBatch];
-#pragma unroll
-      for (int u = 0; u < kGammaBatch; ++u) {
-        const int64_t j = j0 + u * kNormThreads;
-        g[u] = j < H ? __ldg(gamma + j) : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kGammaBatch; ++u) {
-        const int64_t j = j0 + u * kNormThreads;
-        if (j < H) yr[j] = __fmul_rn(__fmul_rn(src[j], r), g[u]);
-      }
-    }
-  } else
-    for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(src[j], r);
+  for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(src[j], r);
 }
 
 __global__ void mul_rows_kernel(float* y, const float* v, int64_t n, int rows) {
@@ -168,26 +149,22 @@ constexpr int64_t kStagedRowBytes = 48 * 1024;  // rows up to 12,288 floats are 
 
 // Launches the kernel with the row in shared memory when it fits, else reading it in place.
 template <NormKind kKind>
-void launch_norm(const char* what, const float* x, float* y, int64_t H, int t, float eps, const float* gamma,
-                 cudaStream_t s) {
+void launch_norm(const char* what, const float* x, float* y, int64_t H, int t, float eps, cudaStream_t s) {
   const int64_t row_bytes = H * (int64_t)sizeof(float);
   if (row_bytes <= kStagedRowBytes)
-    launch_pdl(norm_kernel<kKind, true>, dim3(t), dim3(kNormThreads), (size_t)row_bytes, s, what, x, y, H, eps,
-               gamma);
+    launch_pdl(norm_kernel<kKind, true>, dim3(t), dim3(kNormThreads), (size_t)row_bytes, s, what, x, y, H, eps);
   else
-    launch_pdl(norm_kernel<kKind, false>, dim3(t), dim3(kNormThreads), 0, s, what, x, y, H, eps, gamma);
+    launch_pdl(norm_kernel<kKind, false>, dim3(t), dim3(kNormThreads), 0, s, what, x, y, H, eps);
 }
 
-void launch_rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, const float* gamma,
-                     cudaStream_t s) {
-  if (order == NormOrder::Ggml) launch_norm<NormKind::RmsGgml>("rms_norm", x, y, H, t, eps, gamma, s);
-  else launch_norm<NormKind::RmsCanon>("rms_norm", x, y, H, t, eps, gamma, s);
+void launch_rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t s) {
+  if (order == NormOrder::Ggml) launch_norm<NormKind::RmsGgml>("rms_norm", x, y, H, t, eps, s);
+  else launch_norm<NormKind::RmsCanon>("rms_norm", x, y, H, t, eps, s);
 }
 
-void launch_layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, const float* gamma,
-                       cudaStream_t s) {
-  if (order == NormOrder::Ggml) launch_norm<NormKind::LayerGgml>("layer_norm", x, y, H, t, eps, gamma, s);
-  else launch_norm<NormKind::LayerCanon>("layer_norm", x, y, H, t, eps, gamma, s);
+void launch_layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t s) {
+  if (order == NormOrder::Ggml) launch_norm<NormKind::LayerGgml>("layer_norm", x, y, H, t, eps, s);
+  else launch_norm<NormKind::LayerCanon>("layer_norm", x, y, H, t, eps, s);
 }
 
 void launch_mul_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t s) {
@@ -201,15 +178,13 @@ void launch_mul_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t
 
 // ---- checked entries ----
 
-void rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, const float* gamma,
-              cudaStream_t stream) {
-  launch_rms_norm(x, y, H, t, eps, order, gamma, stream);
+void rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream) {
+  launch_rms_norm(x, y, H, t, eps, order, stream);
   check_launch(order == NormOrder::Ggml ? "rms_norm_ggml" : "rms_norm_canon");
 }
 
-void layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, const float* gamma,
-                cudaStream_t stream) {
-  launch_layer_norm(x, y, H, t, eps, order, gamma, stream);
+void layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream) {
+  launch_layer_norm(x, y, H, t, eps, order, stream);
   check_launch(order == NormOrder::Ggml ? "layer_norm_ggml" : "layer_norm_canon");
 }
 
