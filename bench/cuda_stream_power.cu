@@ -14,7 +14,7 @@
 //   cpasync  cp.async.cg 16 bytes a lane into a per-warp shared ring (the kernel's way)
 //   ldg      16-byte loads into registers, one unit ahead (no shared memory)
 //   bulk     one cp.async.bulk (TMA) of the whole unit by lane 0, an mbarrier a stage
-//   tile16   the device layout (repack.cuh): a warp's unit u is 2,816 contiguous bytes,
+//   tile16   the device layout (device_layout.h): a warp's unit u is 2,816 contiguous bytes,
 //            the 16 warps of a CTA in 16 tiles 73 KB apart
 //   tile256  tiles of 256 rows: the 16 warps' units u are one 45 KB run
 #include <cuda_runtime.h>

@@ -13,8 +13,9 @@ import numpy as np
 
 from . import _core
 
-#: Type names quantize() and dequantize() accept (case-insensitive).
-SUPPORTED_TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16")
+#: Type names quantize() and dequantize() accept (case-insensitive): the
+#: engine's one table (src/cpp/quant_types.h, kSupportedTypes).
+SUPPORTED_TYPES = tuple(_core.build_info()["weight_types"])
 
 TypeName = Union[str, Any]  # a name, or an enum member with .name (gguf.GGMLQuantizationType)
 

@@ -23,7 +23,7 @@
 #include <stdexcept>
 
 #include "errors.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the GGUF reader decodes little-endian fields with memcpy: a little-endian host is required"

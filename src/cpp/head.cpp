@@ -6,7 +6,7 @@
 
 #include "errors.h"
 #include "gguf.h"
-#include "muser/dequant.h"
+#include "quant_types.h"
 
 namespace muser {
 

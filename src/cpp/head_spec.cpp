@@ -8,7 +8,7 @@
 
 #include "errors.h"
 #include "gguf.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 namespace muser {
 
@@ -180,7 +180,7 @@ HeadSpec read_head_spec(const GGUFFile& f, const SpecOverrides& ov) {
   const TypeTraits tt = type_traits(w.type);
   if (!tt.supported)
     fail(f, "output weight '" + w.name + "' has type " + (tt.name ? tt.name : "?") +
-                ", which muser cannot multiply (supported: F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K)");
+                ", which muser cannot multiply (supported: " + supported_type_list() + ")");
   if (w.shape.size() != 2)
     fail(f, "output weight '" + w.name + "' must be 2-D, got " + std::to_string(w.shape.size()) + " dimensions");
   if (w.shape[0] != s.hidden)

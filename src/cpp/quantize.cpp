@@ -13,7 +13,7 @@
 #include <string>
 
 #include "errors.h"
-#include "muser/dequant.h"
+#include "quant_types.h"
 
 namespace muser {
 namespace {
@@ -233,7 +233,7 @@ const char* type_name(GgmlType type) {
 void check_type_and_cols(GgmlType type, int64_t cols, bool for_quantize) {
   if (for_quantize ? !can_quantize(type) : !can_dequantize(type))
     throw ArgValueError(std::string("muser cannot ") + (for_quantize ? "quantize to " : "dequantize ") +
-                        type_name(type) + "; supported: Q8_0, Q4_K, Q5_K, Q6_K, F32, F16, BF16");
+                        type_name(type) + "; supported: " + supported_type_list());
   if (cols < 0) throw ArgValueError("cols must be >= 0, got " + std::to_string(cols));
   const int block = type_traits((uint32_t)type).block_elems;
   if (cols % block != 0)

@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 namespace muser {
 

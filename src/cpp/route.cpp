@@ -1,7 +1,7 @@
 #include "route.h"
 
 #include "errors.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 namespace muser {
 
@@ -70,15 +70,7 @@ bool is_matvec(NodeKind k) {
   return false;
 }
 
-bool q8_activations_for(uint32_t weight_type) {
-  switch (static_cast<GgmlType>(weight_type)) {
-    case GgmlType::Q4_K:
-    case GgmlType::Q5_K:
-    case GgmlType::Q6_K:
-    case GgmlType::Q8_0: return true;
-    default: return false;
-  }
-}
+bool q8_activations_for(uint32_t weight_type) { return is_q8_type(weight_type); }
 
 bool is_norm(NodeKind k) {
   return k == NodeKind::RmsNorm || k == NodeKind::RmsNormCanon || k == NodeKind::LayerNorm ||
@@ -87,8 +79,8 @@ bool is_norm(NodeKind k) {
 
 std::vector<Node> build_route(Route route, const HeadSpec& s, Acts acts) {
   if (acts == Acts::Q8 && !q8_activations_for(s.output_type))
-    throw ArgValueError(std::string("acts='q8' quantizes the activations to int8 as ggml's CPU does for "
-                                    "Q4_K, Q5_K, Q6_K and Q8_0 weights; ") +
+    throw ArgValueError("acts='q8' quantizes the activations to int8 as ggml's CPU does for " + q8_type_list() +
+                        " weights; " +
                         s.output_weight + " is " + type_traits(s.output_type).name +
                         " (ggml multiplies float weights with float activations): use acts='f32'");
   std::vector<Node> nodes;

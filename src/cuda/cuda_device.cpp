@@ -1,4 +1,4 @@
-// The CUDA device: weights uploaded once at load, in the device layout (repack.cuh), one stream
+// The CUDA device: weights uploaded once at load, in the device layout (device_layout.h), one stream
 // per device, nodes launched in route order on that stream (stream order is
 // the barrier between dependent nodes), CUDA events around each node when a
 // profile is asked for, pinned host memory for the logits the Head returns.
@@ -22,7 +22,8 @@
 #include "device.h"
 #include "errors.h"
 #include "kernels.h"
-#include "muser/quant_blocks.h"
+#include "muser/kernel_args.h"
+#include "quant_types.h"
 
 namespace muser {
 
@@ -216,7 +217,7 @@ class CudaDevice final : public Device {
     c.ranks_on_device = true;
     c.dlpack_device = 2;  // kDLCUDA
     c.ordinal = ordinal_;
-    c.max_topk = kMaxTopK;
+    c.max_topk = kTopkMax;
     return c;
   }
   bool reads_host_weights() const override { return false; }  // uploaded at prepare
@@ -350,8 +351,8 @@ class CudaDevice final : public Device {
   }
 
   void topk(const float* logits, int t, int k, int64_t* ids, float* vals) override {
-    if (k < 1 || k > kMaxTopK || k > spec_.vocab)
-      throw ArgValueError("k must be in [1, min(V, " + std::to_string(kMaxTopK) + ")] for top-k on the GPU, got " +
+    if (k < 1 || k > kTopkMax || k > spec_.vocab)
+      throw ArgValueError("k must be in [1, min(V, " + std::to_string(kTopkMax) + ")] for top-k on the GPU, got " +
                           std::to_string(k));
     DeviceScope scope(ordinal_);
     const int64_t V = spec_.vocab;
@@ -571,7 +572,6 @@ class CudaDevice final : public Device {
 
   const float* gamma_f() const { return static_cast<const float*>(gamma_->ptr); }
 
-  static constexpr int kMaxTopK = 1024;  // the top-k kernel's per-row candidate limit (topk.cu)
   int ordinal_;
   cudaStream_t stream_ = nullptr;
   WeightView out_;  // shape and type of the weight (data: on the device, in weight_)

@@ -26,12 +26,13 @@ __device__ __forceinline__ float epilogue_op(float l, float f0, float f1, float 
 
 // Four logits per thread and step (16-byte accesses), then the n % 4 tail.
 template <Op kOp>
-__global__ void epilogue_kernel(float* y, int64_t n, float f0, float f1, float f2) {
+__global__ void epilogue_kernel(float* y, EpilogueKargs k) {
   pdl_launch_dependents();
   pdl_wait();
   const int64_t stride = (int64_t)gridDim.x * blockDim.x, first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   float4* y4 = reinterpret_cast<float4*>(y);  // the logits buffer is a cudaMalloc allocation: 16-byte aligned
-  const int64_t n4 = n / 4;
+  const int64_t n = k.n, n4 = n / 4;
+  const float f0 = k.scale, f1 = k.cap, f2 = k.inv_cap;
   for (int64_t i = first; i < n4; i += stride) {
     float4 v = y4[i];
     v.x = epilogue_op<kOp>(v.x, f0, f1, f2);
@@ -44,12 +45,14 @@ __global__ void epilogue_kernel(float* y, int64_t n, float f0, float f1, float f
 }
 
 template <Op kOp>
-void launch_epilogue(float* y, int64_t n, float f0, float f1, float f2, cudaStream_t stream) {
+void launch_epilogue(float* y, int64_t n, float scale, float cap, float inv_cap, cudaStream_t stream) {
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((n / 4 + threads - 1) / threads, 4096);
+  EpilogueKargs k;
+  k.n = n, k.scale = scale, k.cap = cap, k.inv_cap = inv_cap;
   if (n > 0)
     launch_pdl(epilogue_kernel<kOp>, dim3((unsigned)std::max<int64_t>(blocks, 1)), dim3(threads), 0, stream,
-               "epilogue", y, n, f0, f1, f2);
+               "epilogue", y, k);
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "muser/kernel_args.h"
+
 namespace muser::cuda {
 
 // ---- norm.cu: one hidden state per row, [t x H], y may not alias x ----
@@ -31,26 +33,20 @@ void softcap_reference(float* y, int64_t n, float cap, float inv_cap, cudaStream
 void softcap_canon(float* y, int64_t n, float scale, float cap, float inv_cap, cudaStream_t stream);
 
 // ---- matvec.cu: logits = W x for t tokens ----
-// The weight and the logits, as every LM-head matvec (f32 or q8) sees them.
-struct WeightArgs {
-  const uint8_t* w = nullptr;  // device copy of the weight, in the device layout (repack.cuh)
-  uint32_t type = 0;           // ggml type id
-  int64_t rows = 0;            // V
-  int64_t cols = 0;            // H
-  int64_t row_bytes = 0;
-  int t = 0;
+// The weight and the logits, as every LM-head matvec (f32 or q8) sees them:
+// the shared scalar arguments (muser/kernel_args.h) and the device pointers.
+struct WeightArgs : MatvecKargs {
+  const uint8_t* w = nullptr;  // device copy of the weight, in the device layout (device_layout.h)
   float* y = nullptr;          // [t x ldy]
-  int64_t ldy = 0;
 };
 struct MatvecArgs : WeightArgs {
   const float* x = nullptr;    // [t x ldx]
-  int64_t ldx = 0;
   uint32_t exponent_bits = 0x4B000000u;  // the float 2^23 (an argument on purpose: matvec.cuh)
 };
 // Bytes the device allocates after the weight: the matvec prefetches one
 // unit past a row unconditionally (cheaper than a branch per unit).
 constexpr size_t kWeightPadBytes = 8192;
-// Device bytes of a weight in the device layout (repack.cuh: quantized rows
+// Device bytes of a weight in the device layout (device_layout.h: quantized rows
 // in tiles of 16, the last one padded), kWeightPadBytes included.
 size_t device_weight_bytes(uint32_t type, int64_t rows, int64_t row_bytes);
 // Copies a GGUF weight (host memory, rows x row_bytes) into dst
@@ -68,11 +64,9 @@ bool matvec_supports(uint32_t type);
 // ---- matvec_q8.cu: acts="q8", the CPU's q8 mode bit for bit (matvec_q8.cuh) ----
 // Whether acts="q8" has a kernel for a weight type (Q4_K, Q5_K, Q6_K, Q8_0).
 bool q8_supported(uint32_t type);
-struct Q8Args : WeightArgs {
-  const int8_t* xq = nullptr;  // [t x xq_pitch] quantized activations, zero past cols
-  int64_t xq_pitch = 0;        // cols rounded up to 256
+struct Q8Args : WeightArgs, Q8ActsKargs {
+  const int8_t* xq = nullptr;     // [t x xq_pitch] quantized activations, zero past cols
   const uint8_t* meta = nullptr;  // [t x meta_per_token] block records (matvec_q8.cuh)
-  int64_t meta_per_token = 0;
 };
 // Bytes of device scratch quantize_acts_q8 needs for t tokens of K columns.
 size_t acts_q8_scratch_bytes(uint32_t type, int64_t K, int t);
@@ -88,7 +82,7 @@ void matvec_q8(const Q8Args& a, cudaStream_t stream);
 size_t topk_scratch_bytes(int64_t V, int t, int k);
 void topk(const float* logits, int64_t V, int t, int k, void* scratch, int64_t* ids, float* vals,
           cudaStream_t stream);
-constexpr int kTopkMax = 1024;  // larger k falls back to the host
+// k <= kTopkMax (muser/kernel_args.h); a larger k falls back to the host.
 
 // ---- checks.cu ----
 // first_bad[0] = lowest index of a NaN/inf among x[0..n), or n when all are finite.

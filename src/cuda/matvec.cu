@@ -1,5 +1,5 @@
 // LM-head matvec dispatch (canonical lane order, see matvec.cuh), the scalar
-// reference kernel, and the load-time upload into the device layout (repack.cuh).
+// reference kernel, and the load-time upload into the device layout (device_layout.h).
 //
 // matvec_reference: one thread per row and token, one f32 accumulator in
 // index order, acc = acc + w[j] * x[j] (two roundings per step), the weights
@@ -15,6 +15,7 @@
 #include "matvec.cuh"
 #include "muser/dequant.h"
 #include "pdl.cuh"
+#include "quant_types.h"
 
 namespace muser::cuda {
 
@@ -32,25 +33,25 @@ __device__ int decode_reference_chunk(uint32_t type, const uint8_t* row, int64_t
     case (uint32_t)GgmlType::Q5_K: {
       BlockQ5_K b;
       unpack_block_q5_k(row + (k0 / kQK_K) * stride, &b);
-      dequant_block_q5_k(b, out);
+      dequant_block_q5_k(&b, out);
       return kQK_K;
     }
     case (uint32_t)GgmlType::Q4_K: {
       BlockQ4_K b;
       unpack_block_q4_k(row + (k0 / kQK_K) * stride, &b);
-      dequant_block_q4_k(b, out);
+      dequant_block_q4_k(&b, out);
       return kQK_K;
     }
     case (uint32_t)GgmlType::Q6_K: {
       BlockQ6_K b;
       memcpy(&b, row + (k0 / kQK_K) * stride, sizeof(b));
-      dequant_block_q6_k(b, out);
+      dequant_block_q6_k(&b, out);
       return kQK_K;
     }
     case (uint32_t)GgmlType::Q8_0: {
       BlockQ8_0 b;
       memcpy(&b, row + (k0 / kQK8_0) * stride, sizeof(b));
-      dequant_block_q8_0(b, out);
+      dequant_block_q8_0(&b, out);
       return kQK8_0;
     }
     default: {
@@ -77,7 +78,7 @@ __global__ void matvec_reference_kernel(MatvecArgs a) {
   if (id >= a.rows * a.t) return;
   const int64_t row = id % a.rows;
   const int k = (int)(id / a.rows);
-  const int64_t block_bytes = type_traits(a.type).block_bytes;
+  const int64_t block_bytes = muser::block_bytes(a.type);
   const bool tiled = is_tiled_type(a.type);
   const uint8_t* p = a.w + (tiled ? tiled_row_offset(row, a.row_bytes, block_bytes) : row * a.row_bytes);
   const int64_t stride = tiled ? kTileRows * block_bytes : block_bytes;
@@ -99,7 +100,7 @@ void launch_matvec_reference(const MatvecArgs& a, cudaStream_t stream) {
              "matvec_reference", a);
 }
 
-// ---- upload: GGUF rows -> the device layout (repack.cuh) ----
+// ---- upload: GGUF rows -> the device layout (device_layout.h) ----
 
 // One thread per block of a chunk of whole tiles: copies the block from the
 // GGUF rows in src to its tiled place in dst, then permutes it (Q4_K/Q5_K).

@@ -25,7 +25,7 @@
 // sub-block. In the canonical order every lane touches all 8 sub-blocks of a
 // block, so each lane computes ONE of the 16 factors of one of two rows and the
 // warp shares them through shared memory (store_factors, read_factors). Q4_K/Q5_K blocks are
-// permuted at load (repack.cuh) so a lane's 4 quant bytes are one 32-bit load
+// permuted at load (device_layout.h) so a lane's 4 quant bytes are one 32-bit load
 // and its 8 fifth bits one byte; q becomes an exact float as 2^23 + q - 2^23.
 // Weights stream through ld.global.nc.L1::no_allocate (read once, keep L1 for x).
 //
@@ -36,11 +36,12 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "kernels.h"
 #include "muser/quant_blocks.h"
 #include "pdl.cuh"
-#include "repack.cuh"
+#include "muser/device_layout.h"
 
 namespace muser::cuda {
 
@@ -89,7 +90,7 @@ __device__ __forceinline__ float half_bits_to_float(uint32_t h) {
 }
 
 // The first block of row r of a warp's group in the device layout (row tiles
-// for quantized types, repack.cuh); rows past the end re-read the last row
+// for quantized types, device_layout.h); rows past the end re-read the last row
 // (their results are never stored) so every warp runs the same loop and barriers.
 template <bool kTiled, int kBlockBytes>
 __device__ __forceinline__ const uint8_t* row_ptr(const MatvecArgs& a, int64_t row) {
@@ -119,11 +120,12 @@ struct KFactorLane {
     slot = (lane >> 4) * 16 + v;
   }
   // The factor from a block header (d | dmin << 16, scales[0..3], [4..7], [8..11]):
-  // the packed form of k_scale_min, then an exact product of an f16 and a 6-bit integer.
+  // this lane's half of quant_blocks.h's unpacker, then an exact product of an
+  // f16 and a 6-bit integer.
   __device__ __forceinline__ float factor(const uint4& h) const {
     const uint32_t a = is_min ? h.z : h.y;  // 6-bit values j < 4; their top 2 bits for j >= 4
     const uint32_t b = h.w >> low_shift;    // low 4 bits of values j >= 4
-    const uint32_t word = high ? (b & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u) : (a & 0x3f3f3f3fu);
+    const uint32_t word = high ? kscale_high(b, a) : kscale_low(a);
     const float q = __int_as_float((int)__byte_perm(word, exponent, byte_sel)) - 8388608.0f;
     return half_bits_to_float((h.x >> half_shift) & 0xffffu) * q;
   }
@@ -157,26 +159,35 @@ __device__ __forceinline__ void read_factors(const float* scratch, int r, float 
 // decode() writes w[r][s] = weight of element u*kUnit + 32s + lane.
 // kGuard: units may run past the row's end (elements j >= K are skipped).
 
-struct DecodeQ5K {
-  static constexpr int kUnit = 256, kSteps = 8, kBlockBytes = 176, kBlockStride = kTileRows * kBlockBytes;
+// Q5_K (kHigh) and Q4_K, repacked (device_layout.h): one 32-bit word of qs'
+// per lane and block (byte c: sub-blocks 2c, 2c+1), plus its qh' byte for Q5_K.
+template <bool kHigh>
+struct DecodeKQuant {
+  using Block = std::conditional_t<kHigh, BlockQ5_K, BlockQ4_K>;
+  static constexpr int kUnit = kQK_K, kSteps = 8, kBlockBytes = (int)sizeof(Block),
+                       kBlockStride = kTileRows * kBlockBytes;
+  static constexpr int kQsOffset = kHigh ? kQ5KQuantsOffset : kQ4KQuantsOffset;
   static constexpr bool kGuard = false, kFactors = true;
   template <int R>
   struct Lane {
     const uint8_t* qs[R];  // this lane's qs' word of the row's current block
-    const uint8_t* qh[R];  // this lane's qh' byte
+    const uint8_t* qh[R];  // this lane's qh' byte (Q5_K)
     const uint8_t* hdr[(R + 1) / 2];  // header of the row whose factor this lane computes
     __device__ Lane(const MatvecArgs& a, int64_t row0, int lane) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        qs[r] = row_ptr<true, kBlockBytes>(a, row0 + r) + kQ5KQuantsOffset + 4 * lane;
-        qh[r] = row_ptr<true, kBlockBytes>(a, row0 + r) + kQ5KHighBitsOffset + lane;
+        qs[r] = row_ptr<true, kBlockBytes>(a, row0 + r) + kQsOffset + 4 * lane;
+        if constexpr (kHigh) qh[r] = row_ptr<true, kBlockBytes>(a, row0 + r) + kQ5KHighBitsOffset + lane;
       }
 #pragma unroll
       for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] = row_ptr<true, kBlockBytes>(a, row0 + min(2 * p + (lane >> 4), R - 1));
     }
     __device__ __forceinline__ void advance(int units) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) qs[r] += units * kBlockStride, qh[r] += units * kBlockStride;
+      for (int r = 0; r < R; ++r) {
+        qs[r] += units * kBlockStride;
+        if constexpr (kHigh) qh[r] += units * kBlockStride;
+      }
 #pragma unroll
       for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] += units * kBlockStride;
     }
@@ -193,7 +204,7 @@ struct DecodeQ5K {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       raw.qs[r] = ld_weight_u32(p.qs[r] + kAhead * kBlockStride);
-      raw.qh[r] = ld_weight_u8(p.qh[r] + kAhead * kBlockStride);
+      if constexpr (kHigh) raw.qh[r] = ld_weight_u8(p.qh[r] + kAhead * kBlockStride);
     }
   }
   template <int R>
@@ -204,11 +215,16 @@ struct DecodeQ5K {
     for (int r = 0; r < R; ++r) {
       float d1[8], m1[8];
       read_factors(scratch, r, d1, m1);
-      // q of sub-block 2c is byte c of qe, of sub-block 2c+1 byte c of qo; the
-      // multiply spreads qh' bit c to bit 8c+4 (no carries: see repack.cuh)
-      const uint32_t qs = raw.qs[r], qh = raw.qh[r];
-      const uint32_t qe = (qs & 0x0f0f0f0fu) | (((qh & 0xfu) * 0x02040810u) & 0x10101010u);
-      const uint32_t qo = ((qs >> 4) & 0x0f0f0f0fu) | (((qh >> 4) * 0x02040810u) & 0x10101010u);
+      // q of sub-block 2c is byte c of qe, of sub-block 2c+1 byte c of qo; for
+      // Q5_K the multiply spreads qh' bit c to bit 8c+4 (no carries: see device_layout.h)
+      uint32_t qe, qo;
+      if constexpr (kHigh) {
+        const uint32_t qs = raw.qs[r], qh = raw.qh[r];
+        qe = (qs & 0x0f0f0f0fu) | (((qh & 0xfu) * 0x02040810u) & 0x10101010u);
+        qo = ((qs >> 4) & 0x0f0f0f0fu) | (((qh >> 4) * 0x02040810u) & 0x10101010u);
+      } else {
+        qe = raw.qs[r] & 0x0f0f0f0fu, qo = (raw.qs[r] >> 4) & 0x0f0f0f0fu;
+      }
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         w[r][2 * c] = fmaf(d1[2 * c], byte_as_float(qe, c, fl.exponent), -m1[2 * c]);
@@ -217,56 +233,8 @@ struct DecodeQ5K {
     }
   }
 };
-
-struct DecodeQ4K {
-  static constexpr int kUnit = 256, kSteps = 8, kBlockBytes = 144, kBlockStride = kTileRows * kBlockBytes;
-  static constexpr bool kGuard = false, kFactors = true;
-  template <int R>
-  struct Lane {
-    const uint8_t* qs[R];
-    const uint8_t* hdr[(R + 1) / 2];
-    __device__ Lane(const MatvecArgs& a, int64_t row0, int lane) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) qs[r] = row_ptr<true, kBlockBytes>(a, row0 + r) + kQ4KQuantsOffset + 4 * lane;
-#pragma unroll
-      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] = row_ptr<true, kBlockBytes>(a, row0 + min(2 * p + (lane >> 4), R - 1));
-    }
-    __device__ __forceinline__ void advance(int units) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) qs[r] += units * kBlockStride;
-#pragma unroll
-      for (int p = 0; p < (R + 1) / 2; ++p) hdr[p] += units * kBlockStride;
-    }
-  };
-  template <int R>
-  struct Raw {
-    uint4 hdr[(R + 1) / 2];
-    uint32_t qs[R];
-  };
-  template <int R, int kAhead>
-  static __device__ __forceinline__ void load(Raw<R>& raw, const Lane<R>& p) {
-#pragma unroll
-    for (int q = 0; q < (R + 1) / 2; ++q) raw.hdr[q] = ld_weight_v4(p.hdr[q] + kAhead * kBlockStride);
-#pragma unroll
-    for (int r = 0; r < R; ++r) raw.qs[r] = ld_weight_u32(p.qs[r] + kAhead * kBlockStride);
-  }
-  template <int R>
-  static __device__ __forceinline__ void decode(const Raw<R>& raw, const KFactorLane& fl, int lane, float* scratch,
-                                                float (&w)[R][kSteps]) {
-    store_factors<R>(raw.hdr, fl, lane, scratch);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float d1[8], m1[8];
-      read_factors(scratch, r, d1, m1);
-      const uint32_t qe = raw.qs[r] & 0x0f0f0f0fu, qo = (raw.qs[r] >> 4) & 0x0f0f0f0fu;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        w[r][2 * c] = fmaf(d1[2 * c], byte_as_float(qe, c, fl.exponent), -m1[2 * c]);
-        w[r][2 * c + 1] = fmaf(d1[2 * c + 1], byte_as_float(qo, c, fl.exponent), -m1[2 * c + 1]);
-      }
-    }
-  }
-};
+using DecodeQ5K = DecodeKQuant<true>;
+using DecodeQ4K = DecodeKQuant<false>;
 
 // The decoders without shared factors keep one pointer per row (unit u at
 // row + u * kTileRows * kBlockBytes, one block per unit); their speed is not
@@ -289,7 +257,7 @@ struct RowLane {
 // (nibble (s%4)/2), its high bits in qh[32(s/4) + lane] (pair s%4) and its
 // scale in scales[2s + lane/16] (see q6k_quant).
 struct DecodeQ6K {
-  static constexpr int kUnit = 256, kSteps = 8, kBlockBytes = 210;
+  static constexpr int kUnit = kQK_K, kSteps = 8, kBlockBytes = (int)sizeof(BlockQ6_K);
   static constexpr bool kGuard = false, kFactors = false;
   template <int R>
   using Lane = RowLane<R, kBlockBytes>;
@@ -309,13 +277,13 @@ struct DecodeQ6K {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const uint8_t* b = p.row[r];
-      const uint8_t* sc = b + 192 + (lane >> 4);
+      const uint8_t* sc = b + kQ6KScalesOffset + (lane >> 4);
       raw.ql[r] = pack4(ld_weight_u8(b + lane), ld_weight_u8(b + 32 + lane), ld_weight_u8(b + 64 + lane),
                         ld_weight_u8(b + 96 + lane));
-      raw.qh[r] = __byte_perm(ld_weight_u8(b + 128 + lane), ld_weight_u8(b + 160 + lane), 0x0040);
+      raw.qh[r] = __byte_perm(ld_weight_u8(b + kQ6KQhOffset + lane), ld_weight_u8(b + kQ6KQhOffset + 32 + lane), 0x0040);
       raw.sc[r][0] = pack4(ld_weight_u8(sc), ld_weight_u8(sc + 2), ld_weight_u8(sc + 4), ld_weight_u8(sc + 6));
       raw.sc[r][1] = pack4(ld_weight_u8(sc + 8), ld_weight_u8(sc + 10), ld_weight_u8(sc + 12), ld_weight_u8(sc + 14));
-      raw.d[r] = ld_weight_u16(b + 208);
+      raw.d[r] = ld_weight_u16(b + kQ6KDOffset);
     }
   }
   template <int R>
@@ -338,7 +306,8 @@ struct DecodeQ6K {
 
 // Q8_0: a unit is 4 blocks of 32; step s is block 4u+s, lane l its quant l.
 struct DecodeQ80 {
-  static constexpr int kUnit = 128, kSteps = 4, kBlockBytes = 34, kBlockStride = kTileRows * kBlockBytes;
+  static constexpr int kUnit = 4 * kQK8_0, kSteps = 4, kBlockBytes = (int)sizeof(BlockQ8_0),
+                       kBlockStride = kTileRows * kBlockBytes;
   static constexpr bool kGuard = true, kFactors = false;  // K is a multiple of 32, not of 128
   template <int R>
   struct Lane {
@@ -348,7 +317,7 @@ struct DecodeQ80 {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         row[r] = row_ptr<true, kBlockBytes>(a, row0 + r);
-        last[r] = row[r] + (a.cols / 32 - 1) * kBlockStride;
+        last[r] = row[r] + (a.cols / kQK8_0 - 1) * kBlockStride;
       }
     }
     __device__ __forceinline__ void advance(int units) {
@@ -369,7 +338,7 @@ struct DecodeQ80 {
         const uint8_t* b = p.row[r] + s * kBlockStride;
         b = b <= p.last[r] ? b : p.last[r];
         raw.d[r][s] = ld_weight_u16(b);
-        raw.qs[r][s] = ld_weight_u8(b + 2 + lane);
+        raw.qs[r][s] = ld_weight_u8(b + kQ8_0QsOffset + lane);
       }
   }
   template <int R>

@@ -17,6 +17,7 @@
 #include "cuda_check.h"
 #include "matvec_q8.cuh"
 #include "pdl.cuh"
+#include "quant_types.h"
 
 namespace muser::cuda {
 
@@ -132,10 +133,7 @@ __global__ void quantize_q8_kernel(const float* x, int64_t ldx, int64_t K, int64
 
 }  // namespace
 
-bool q8_supported(uint32_t type) {
-  return type == (uint32_t)GgmlType::Q4_K || type == (uint32_t)GgmlType::Q5_K || type == (uint32_t)GgmlType::Q6_K ||
-         type == (uint32_t)GgmlType::Q8_0;
-}
+bool q8_supported(uint32_t type) { return is_q8_type(type); }  // a kernel for every type of the table
 
 size_t acts_q8_scratch_bytes(uint32_t type, int64_t K, int t) {
   const Q8Kind kind = q8_kind(type);

@@ -24,12 +24,13 @@
 // are the CPU's exact integers.
 //
 // Float order. The lane holding a (row, token) pair runs the CPU's chain over
-// the row's blocks in increasing order (q8_rows.h):
-//   sum_q = fmaf(dx*d, (float)isum, sum_q); sum_m = fmaf(dx*dmin, (float)msum, sum_m)
-//   y = sum_q - sum_m          (Q6_K: y = sum_q; Q8_0: sum_q = fmaf((float)isum, d*dx, sum_q))
+// the row's blocks in increasing order, through the same functions
+// (muser/q8_step.h):
+//   sum_q = q8_block_step(sum_q, dx, d, isum); sum_m = q8_block_step(sum_m, dx, dmin, msum)
+//   y = q8_kquant45_result(sum_q, sum_m)   (Q6_K: y = sum_q; Q8_0: q8_0_block_step)
 // so the logits equal the CPU's bit for bit, for any t and any row mapping.
 //
-// Weights. Q4_K/Q5_K use the device layout of repack.cuh (qs' words: one
+// Weights. Q4_K/Q5_K use the device layout of device_layout.h (qs' words: one
 // position, four nibble pairs); a lane reads its 8 positions (32 bytes, two
 // 16-byte loads per row) and transposes them with 8 PRMTs per 16 bytes into
 // registers of 4 same-sub-block quants, merging the fifth bits from qh' with
@@ -39,6 +40,7 @@
 #pragma once
 #include "kernels.h"
 #include "matvec.cuh"
+#include "muser/q8_step.h"
 
 #include <type_traits>
 
@@ -124,7 +126,7 @@ __device__ __forceinline__ void transpose_bytes(const uint4& w, uint32_t (&T)[4]
   T[3] = __byte_perm(b, d, 0x7632);
 }
 
-// The first block of a row in the device layout (row tiles, repack.cuh); rows
+// The first block of a row in the device layout (row tiles, device_layout.h); rows
 // past the end re-read the last row (never stored).
 template <int kBlockBytes>
 __device__ __forceinline__ const uint8_t* q8_row_ptr(const Q8Args& a, int64_t row) {
@@ -142,17 +144,18 @@ struct Q8Smem {
 // ---------------------------------------------------------------- Q4_K / Q5_K
 
 // Scales and mins of a K-quant block header (d | dmin << 16, scales[0..3], [4..7], [8..11]):
-// sc[0] = sc_0..sc_3, sc[1] = sc_4..sc_7, likewise m (one byte each; k_scale_min packed).
+// sc[0] = sc_0..sc_3, sc[1] = sc_4..sc_7, likewise m (one byte each: quant_blocks.h's
+// unpacker halves, as kquant_scale_words applies them).
 struct KScales {
   float d, dmin;
   uint32_t sc[2], m[2];
   __device__ __forceinline__ explicit KScales(const uint4& h) {
     d = half_bits_to_float(h.x & 0xffffu);
     dmin = half_bits_to_float(h.x >> 16);
-    sc[0] = h.y & 0x3f3f3f3fu;
-    m[0] = h.z & 0x3f3f3f3fu;
-    sc[1] = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
-    m[1] = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+    sc[0] = kscale_low(h.y);
+    m[0] = kscale_low(h.z);
+    sc[1] = kscale_high(h.w, h.y);
+    m[1] = kscale_high(h.w >> 4, h.z);
   }
 };
 
@@ -175,8 +178,8 @@ __device__ __forceinline__ void kquant45_float_step(const KScales (&ks)[2], cons
         const int hi = dp4a_us(ks[r].m[1], s.w, dp4a_us(ks[r].m[0], s.z, 0));
         const int msum = hi * 256 + lo;
         const int i = 2 * r + j;
-        acc_q[nt][i] = fmaf(dx * ks[r].d, (float)isum[nt][i], acc_q[nt][i]);
-        acc_m[nt][i] = fmaf(dx * ks[r].dmin, (float)msum, acc_m[nt][i]);
+        acc_q[nt][i] = q8_block_step(acc_q[nt][i], dx, ks[r].d, isum[nt][i]);
+        acc_m[nt][i] = q8_block_step(acc_m[nt][i], dx, ks[r].dmin, msum);
       }
     }
 }
@@ -213,9 +216,10 @@ __device__ __forceinline__ void kquant_pair_mma(const uint32_t (&alo)[4], const 
 }
 
 template <bool kHigh>
-struct Q8DecKQuant {  // Q5_K (kHigh) or Q4_K, repacked (repack.cuh)
-  static constexpr int kUnit = 256, kMetaCols = 256, kRec = 32, kLaneBytes = 8;
-  static constexpr int kBlockBytes = kHigh ? 176 : 144, kBlockStride = kTileRows * kBlockBytes;
+struct Q8DecKQuant {  // Q5_K (kHigh) or Q4_K, repacked (device_layout.h)
+  static constexpr int kUnit = kQK_K, kMetaCols = kQK_K, kRec = 32, kLaneBytes = 8;
+  static constexpr int kBlockBytes = kHigh ? (int)sizeof(BlockQ5_K) : (int)sizeof(BlockQ4_K);
+  static constexpr int kBlockStride = kTileRows * kBlockBytes;
   static constexpr int kUnitBytes = kBlockBytes;  // one block per unit
   static constexpr int kQsOffset = kHigh ? kQ5KQuantsOffset : kQ4KQuantsOffset;
   static constexpr bool kMins = true;
@@ -315,7 +319,8 @@ using Q8DecQ4K = Q8DecKQuant<false>;
 // low 4 bits in ql[64h + 32(qq&1) + 16gg + 4q + i] (nibble qq>>1), high 2 bits
 // in qh[32h + 16gg + 4q + i] (bits 2qq, 2qq+1), scale scales[g] (int8).
 struct Q8DecQ6K {
-  static constexpr int kUnit = 256, kMetaCols = 256, kRec = 48, kLaneBytes = 4, kBlockBytes = 210;
+  static constexpr int kUnit = kQK_K, kMetaCols = kQK_K, kRec = 48, kLaneBytes = 4;
+  static constexpr int kBlockBytes = (int)sizeof(BlockQ6_K);
   static constexpr int kBlockStride = kTileRows * kBlockBytes;
   static constexpr bool kMins = false;
   struct Rows {
@@ -345,10 +350,10 @@ struct Q8DecQ6K {
 #pragma unroll
       for (int w = 0; w < 8; ++w) r.ql[i][w] = ld_weight_u32_a2(lq + 64 * (w >> 2) + 32 * ((w >> 1) & 1) + 16 * (w & 1));
 #pragma unroll
-      for (int w = 0; w < 4; ++w) r.qh[i][w] = ld_weight_u32_a2(lq + 128 + 32 * (w >> 1) + 16 * (w & 1));
+      for (int w = 0; w < 4; ++w) r.qh[i][w] = ld_weight_u32_a2(lq + kQ6KQhOffset + 32 * (w >> 1) + 16 * (w & 1));
 #pragma unroll
-      for (int k = 0; k < 4; ++k) r.sc[i][k] = ld_weight_u32_a2(b + 192 + 4 * k);
-      r.d[i] = ld_weight_u16(b + 208);
+      for (int k = 0; k < 4; ++k) r.sc[i][k] = ld_weight_u32_a2(b + kQ6KScalesOffset + 4 * k);
+      r.d[i] = ld_weight_u16(b + kQ6KDOffset);
     }
   }
   template <int NT, int kJ>
@@ -409,7 +414,7 @@ struct Q8DecQ6K {
           hh = dp4a_ss(r.sc[i][3], hi.w, hh);
           const int corr = hh * 256 + l;
           const int p = 2 * i + j;
-          acc_q[nt][p] = fmaf(dx * d[i], (float)(isum[nt][p] - 32 * corr), acc_q[nt][p]);
+          acc_q[nt][p] = q8_block_step(acc_q[nt][p], dx, d[i], isum[nt][p] - 32 * corr);
         }
       }
   }
@@ -419,7 +424,9 @@ struct Q8DecQ6K {
 
 // A unit is 4 blocks of 32; lane quad q holds positions 8q..8q+7 of each.
 struct Q8DecQ80 {
-  static constexpr int kUnit = 128, kMetaCols = 32, kRec = 4, kLaneBytes = 8, kBlockBytes = 34;
+  static constexpr int kUnit = 4 * kQK8_0, kMetaCols = kQK8_0, kRec = 4, kLaneBytes = 8;
+  static constexpr int kBlockBytes = (int)sizeof(BlockQ8_0);
+  static_assert(kQ8_0QsOffset == 2, "load_staged reads the quants as the halfwords after d");
   static constexpr int kBlockStride = kTileRows * kBlockBytes;
   static constexpr bool kMins = false;
   struct Rows {
@@ -446,8 +453,8 @@ struct Q8DecQ80 {
       for (int s = 0; s < 4; ++s) {
         const uint8_t* b = p.b[i] + (kAhead * 4 + s) * kBlockStride;
         r.d[i][s] = ld_weight_u16(b);
-        r.lo[i][s] = ld_weight_u32_a2(b + 2 + p.q8);
-        r.hi[i][s] = ld_weight_u32_a2(b + 6 + p.q8);
+        r.lo[i][s] = ld_weight_u32_a2(b + kQ8_0QsOffset + p.q8);
+        r.hi[i][s] = ld_weight_u32_a2(b + kQ8_0QsOffset + 4 + p.q8);
       }
   }
   // the same fields from a unit staged in shared memory ([4 blocks][16 rows][34 bytes]: the
@@ -484,7 +491,7 @@ struct Q8DecQ80 {
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int p = 2 * i + j;
-            acc_q[nt][p] = fmaf((float)C[p], dw[i] * dx, acc_q[nt][p]);
+            acc_q[nt][p] = q8_0_block_step(acc_q[nt][p], C[p], dw[i], dx);
           }
         }
       }
@@ -690,7 +697,7 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
   // current tile computes (a drained ring at each tile cost a DRAM round
   // trip per tile). The tile's unit u is the kStage bytes at
   // tile_src + u * kStage, already in the [16 rows][block] order of a stage
-  // (repack.cuh; pad rows are zeros).
+  // (device_layout.h; pad rows are zeros).
   const int64_t my_groups = (groups - blockIdx.x + gridDim.x - 1) / gridDim.x;  // >= 1: grid <= groups
   auto tile_src = [&](int64_t n) {
     const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kQ8StagedWarps + warp) * kQ8RowsPerWarp;

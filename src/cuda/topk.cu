@@ -107,7 +107,7 @@ size_t topk_scratch_bytes(int64_t V, int t, int k) { return 2 * (size_t)t * chun
 
 void topk(const float* logits, int64_t V, int t, int k, void* scratch, int64_t* ids, float* vals,
           cudaStream_t stream) {
-  if (k < 1 || k > kTopkMax || k > V) throw ArgValueError("topk: k must be in [1, min(V, 1024)] on the device");
+  if (k < 1 || k > kTopkMax || k > V) throw ArgValueError("topk: k must be in [1, min(V, " + std::to_string(kTopkMax) + ")] on the device");
   launch_topk(logits, V, t, k, scratch, ids, vals, stream);
   check_launch("topk_finish");
 }

@@ -23,11 +23,11 @@ TEST(Dequant, Q5KBlockEqualsElementDecode) {
     b.d = small_f16(rng);
     b.dmin = small_f16(rng);
     float out[256], d1[8], m1[8];
-    muser::dequant_block_q5_k(b, out);
+    muser::dequant_block_q5_k(&b, out);
     muser::kquant_sub_scales(b.scales, b.d, b.dmin, d1, m1);
     for (int i = 0; i < 256; ++i)
       ASSERT_EQ(muser::f32_to_bits(out[i]),
-                muser::f32_to_bits(d1[i / 32] * (float)muser::q5k_quant(b, i) - m1[i / 32]))
+                muser::f32_to_bits(d1[i / 32] * (float)muser::q5k_quant(&b, i) - m1[i / 32]))
           << "element " << i;
   }
 }
@@ -39,11 +39,11 @@ TEST(Dequant, Q4KBlockEqualsElementDecode) {
     b.d = small_f16(rng);
     b.dmin = small_f16(rng);
     float out[256], d1[8], m1[8];
-    muser::dequant_block_q4_k(b, out);
+    muser::dequant_block_q4_k(&b, out);
     muser::kquant_sub_scales(b.scales, b.d, b.dmin, d1, m1);
     for (int i = 0; i < 256; ++i)
       ASSERT_EQ(muser::f32_to_bits(out[i]),
-                muser::f32_to_bits(d1[i / 32] * (float)muser::q4k_quant(b, i) - m1[i / 32]));
+                muser::f32_to_bits(d1[i / 32] * (float)muser::q4k_quant(&b, i) - m1[i / 32]));
   }
 }
 
@@ -53,11 +53,11 @@ TEST(Dequant, Q6KBlockEqualsElementDecode) {
     auto b = random_block<muser::BlockQ6_K>(rng);
     b.d = small_f16(rng);
     float out[256];
-    muser::dequant_block_q6_k(b, out);
+    muser::dequant_block_q6_k(&b, out);
     const float d = muser::f16_to_f32(b.d);
     for (int i = 0; i < 256; ++i)
       ASSERT_EQ(muser::f32_to_bits(out[i]),
-                muser::f32_to_bits((d * (float)b.scales[i / 16]) * (float)muser::q6k_quant(b, i)));
+                muser::f32_to_bits((d * (float)b.scales[i / 16]) * (float)muser::q6k_quant(&b, i)));
   }
 }
 
@@ -71,7 +71,7 @@ TEST(Dequant, FmaGivesTheSameKQuantWeights) {
     float d1[8], m1[8];
     muser::kquant_sub_scales(b.scales, b.d, b.dmin, d1, m1);
     for (int i = 0; i < 256; ++i) {
-      const float q = (float)muser::q5k_quant(b, i);
+      const float q = (float)muser::q5k_quant(&b, i);
       ASSERT_EQ(muser::f32_to_bits(std::fma(d1[i / 32], q, -m1[i / 32])),
                 muser::f32_to_bits(d1[i / 32] * q - m1[i / 32]));
     }

@@ -1,6 +1,6 @@
-// The CUDA device layout (src/cuda/repack.cuh) is plain host-callable code:
+// The GPU device layout (src/cpp/muser/device_layout.h) is plain host-callable code:
 // checked here, on every CI machine, without a GPU. The block permutation
-// puts each element where repack.cuh says and undoes exactly; the row tiles
+// puts each element where device_layout.h says and undoes exactly; the row tiles
 // give every (row, block) its own place, 16 rows' block b back to back.
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 #include <set>
 
 #include "muser/dequant.h"
+#include "muser/device_layout.h"
 #include "random_blocks.h"
-#include "repack.cuh"
 
 using muser_test::random_block;
 
@@ -20,18 +20,18 @@ TEST(DeviceLayout, Q5KRepackPlacesEveryElementAndUndoes) {
     const auto b = random_block<muser::BlockQ5_K>(rng);
     uint8_t packed[sizeof b];
     std::memcpy(packed, &b, sizeof b);
-    muser::cuda::repack_block_q5_k(packed);
-    ASSERT_EQ(0, std::memcmp(packed, &b, muser::cuda::kKQuantHeaderBytes)) << "the header keeps its place";
+    muser::repack_block_q5_k(packed);
+    ASSERT_EQ(0, std::memcmp(packed, &b, muser::kKQuantHeaderBytes)) << "the header keeps its place";
     for (int l = 0; l < 32; ++l)
       for (int c = 0; c < 4; ++c) {
-        const uint8_t qs = packed[muser::cuda::kQ5KQuantsOffset + 4 * l + c];
-        const uint8_t qh = packed[muser::cuda::kQ5KHighBitsOffset + l];
+        const uint8_t qs = packed[muser::kQ5KQuantsOffset + 4 * l + c];
+        const uint8_t qh = packed[muser::kQ5KHighBitsOffset + l];
         const int lo = (qs & 0xf) | (((qh >> c) & 1) << 4), hi = (qs >> 4) | (((qh >> (4 + c)) & 1) << 4);
-        ASSERT_EQ(lo, muser::q5k_quant(b, 64 * c + l)) << "lane " << l << " pair " << c;
-        ASSERT_EQ(hi, muser::q5k_quant(b, 64 * c + 32 + l)) << "lane " << l << " pair " << c;
+        ASSERT_EQ(lo, muser::q5k_quant(&b, 64 * c + l)) << "lane " << l << " pair " << c;
+        ASSERT_EQ(hi, muser::q5k_quant(&b, 64 * c + 32 + l)) << "lane " << l << " pair " << c;
       }
     muser::BlockQ5_K back;
-    muser::cuda::unpack_block_q5_k(packed, &back);
+    muser::unpack_block_q5_k(packed, &back);
     ASSERT_EQ(0, std::memcmp(&back, &b, sizeof b));
   }
 }
@@ -42,22 +42,22 @@ TEST(DeviceLayout, Q4KRepackPlacesEveryElementAndUndoes) {
     const auto b = random_block<muser::BlockQ4_K>(rng);
     uint8_t packed[sizeof b];
     std::memcpy(packed, &b, sizeof b);
-    muser::cuda::repack_block_q4_k(packed);
+    muser::repack_block_q4_k(packed);
     for (int l = 0; l < 32; ++l)
       for (int c = 0; c < 4; ++c) {
-        const uint8_t qs = packed[muser::cuda::kQ4KQuantsOffset + 4 * l + c];
-        ASSERT_EQ(qs & 0xf, muser::q4k_quant(b, 64 * c + l));
-        ASSERT_EQ(qs >> 4, muser::q4k_quant(b, 64 * c + 32 + l));
+        const uint8_t qs = packed[muser::kQ4KQuantsOffset + 4 * l + c];
+        ASSERT_EQ(qs & 0xf, muser::q4k_quant(&b, 64 * c + l));
+        ASSERT_EQ(qs >> 4, muser::q4k_quant(&b, 64 * c + 32 + l));
       }
     muser::BlockQ4_K back;
-    muser::cuda::unpack_block_q4_k(packed, &back);
+    muser::unpack_block_q4_k(packed, &back);
     ASSERT_EQ(0, std::memcmp(&back, &b, sizeof b));
   }
 }
 
 TEST(DeviceLayout, RowTilesGiveEveryBlockItsOwnPlace) {
-  using muser::cuda::kTileRows;
-  using muser::cuda::tiled_row_offset;
+  using muser::kTileRows;
+  using muser::tiled_row_offset;
   for (const int64_t block_bytes : {34, 144, 176, 210}) {
     for (const int64_t rows : {1, 15, 16, 17, 37, 64}) {
       const int64_t blocks = 5, row_bytes = blocks * block_bytes;
@@ -80,7 +80,7 @@ TEST(DeviceLayout, RowTilesGiveEveryBlockItsOwnPlace) {
 TEST(DeviceLayout, QuantizedTypesAreTiledFloatsAreNot) {
   using muser::GgmlType;
   for (const auto t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0})
-    EXPECT_TRUE(muser::cuda::is_tiled_type((uint32_t)t));
+    EXPECT_TRUE(muser::is_tiled_type((uint32_t)t));
   for (const auto t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16})
-    EXPECT_FALSE(muser::cuda::is_tiled_type((uint32_t)t));
+    EXPECT_FALSE(muser::is_tiled_type((uint32_t)t));
 }

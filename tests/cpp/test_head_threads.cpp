@@ -15,7 +15,7 @@
 #include "device.h"
 #include "gguf.h"
 #include "head.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 namespace {
 

@@ -168,13 +168,13 @@ TEST(Q5K, ZeroAndConstantRows) {
   std::vector<float> x(kQK_K, 0.0f), y(kQK_K);
   BlockQ5_K blk;
   quantize_block_q5_k(x.data(), &blk);
-  dequant_block_q5_k(blk, y.data());
+  dequant_block_q5_k(&blk, y.data());
   for (float v : y) EXPECT_EQ(v, 0.0f);
 
   for (float c : {0.37f, -2.5f, 100.0f}) {
     std::fill(x.begin(), x.end(), c);
     quantize_block_q5_k(x.data(), &blk);
-    dequant_block_q5_k(blk, y.data());
+    dequant_block_q5_k(&blk, y.data());
     // A constant is one point: the fit puts it on a grid step, leaving only
     // the f16 rounding of the scales (relative 2^-11 on each of d*sc, dmin*m).
     // Constants this large keep d and dmin normal halves; tiny ones (whose

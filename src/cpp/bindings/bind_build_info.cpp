@@ -4,6 +4,8 @@
 
 #include "bindings.h"
 #include "cpu/isa.h"
+#include "muser/kernel_args.h"
+#include "quant_types.h"
 
 namespace nb = nanobind;
 
@@ -28,13 +30,17 @@ void bind_build_info(nb::module_& m) {
     for (auto isa : cpu::available_isas()) isas.append(cpu::isa_name(isa));
     d["cpu_isas"] = isas;
     d["cpu_isa_active"] = cpu::isa_name(cpu::active_isa());
+    d["topk_max_k"] = kTopkMax;  // a device top-k ranks at most this many per row
+    nb::list types;
+    for (GgmlType t : kSupportedTypes) types.append(type_traits((uint32_t)t).name);
+    d["weight_types"] = types;  // the types muser dequantizes and multiplies
 #ifdef _OPENMP
     d["openmp"] = true;
 #else
     d["openmp"] = false;
 #endif
     return d;
-  }, "What this build of muser contains: backends compiled in, CPU ISA paths, version.");
+  }, "What this build of muser contains: backends compiled in, CPU ISA paths, version, limits.");
 }
 
 }  // namespace muser::py

@@ -16,7 +16,7 @@
 #include "cpu/parallel.h"
 #include "errors.h"
 #include "route.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 namespace nb = nanobind;
 
@@ -34,7 +34,7 @@ uint32_t q8_weight_type(const std::string& name) {
     const TypeTraits tt = type_traits(id);
     if (tt.name && name == tt.name && q8_activations_for(id)) return id;
   }
-  throw ArgValueError("acts='q8' weight type must be Q4_K, Q5_K, Q6_K or Q8_0; got '" + name + "'");
+  throw ArgValueError("acts='q8' weight type must be one of " + q8_type_list() + "; got '" + name + "'");
 }
 
 template <class T>

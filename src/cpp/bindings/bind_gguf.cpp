@@ -12,7 +12,7 @@
 
 #include "bindings.h"
 #include "gguf.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 namespace nb = nanobind;
 

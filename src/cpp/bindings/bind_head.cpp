@@ -21,7 +21,7 @@
 #include "errors.h"
 #include "gguf.h"
 #include "head.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 namespace nb = nanobind;
 
@@ -171,7 +171,7 @@ WeightView weight_from_bytes(const AnyArray& w, const std::string& type_name, st
       found = true;
     }
   }
-  if (!found) throw ArgValueError("weight type must be one of F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K; got '" + type_name + "'");
+  if (!found) throw ArgValueError("weight type must be one of " + supported_type_list() + "; got '" + type_name + "'");
   if (w.dtype() != nb::dtype<uint8_t>()) throw ArgTypeError("weight bytes must be uint8, got " + dtype_name(w.dtype()));
   if (w.ndim() != 2) throw ArgValueError("weight bytes must be 2-D (rows, row_bytes), got shape " + shape_str(w));
   if (!c_contiguous(w, 1)) throw ArgValueError("weight bytes must be C-contiguous");

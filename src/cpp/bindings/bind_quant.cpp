@@ -68,7 +68,7 @@ GgmlType parse_type(const std::string& name) {
   const auto type = ggml_type_from_name(name);
   if (!type)
     throw ArgValueError("unknown quantization type '" + name +
-                        "'; expected one of Q8_0, Q4_K, Q5_K, Q6_K, F32, F16, BF16");
+                        "'; expected one of " + supported_type_list());
   return *type;
 }
 

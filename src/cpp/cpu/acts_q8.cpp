@@ -23,7 +23,7 @@
 
 #include "cpu/kernels.h"
 #include "errors.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 #include "route.h"
 
 namespace muser::cpu {
@@ -80,7 +80,7 @@ constexpr int kNibbleOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
 
 void quantize_acts_q8(uint32_t weight_type, const float* x, int64_t ldx, int64_t K, int t, ActsQ8* a) {
   if (!q8_activations_for(weight_type))
-    throw ArgValueError(std::string("acts='q8' needs Q4_K, Q5_K, Q6_K or Q8_0 weights; got ") +
+    throw ArgValueError("acts='q8' needs weights of one of " + q8_type_list() + "; got " +
                         (type_traits(weight_type).name ? type_traits(weight_type).name : "an unknown type"));
   const bool kquant = weight_type != (uint32_t)GgmlType::Q8_0;
   const int block = kquant ? kQK_K : kQK8_0;

@@ -5,7 +5,8 @@
 // selected, so each lane performs exactly the scalar definition's operations
 // in the scalar order: the result is bit-equal (tests compare every twin
 // with the scalar one over millions of inputs, NaN and infinities included).
-// The constants restate canonical.h's and must stay equal to them.
+// The polynomials and their coefficients are canonical.h's own templates,
+// instantiated on V.
 //
 // V provides: F (register), kLanes, set1, load, store, add, sub, mul, div,
 // fma (one rounding), fnma (-(a*b)+c, one rounding = fma(-a, b, c)),
@@ -17,6 +18,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "muser/canonical.h"
+
 namespace muser::cpu {
 namespace {
 
@@ -24,31 +27,15 @@ template <class V>
 inline typename V::F canon_tanh_v(typename V::F u) {
   using F = typename V::F;
   const F a = V::abs_bits(u);
-  // |u| < 0.625: u + u^3 * Q(u^2)
-  const F z = V::mul(a, a);
-  F q = V::set1(-5.71856787e-03f);
-  q = V::fma(q, z, V::set1(2.06527356e-02f));
-  q = V::fma(q, z, V::set1(-5.37445210e-02f));
-  q = V::fma(q, z, V::set1(1.33315101e-01f));
-  q = V::fma(q, z, V::set1(-3.33332837e-01f));
-  const F small = V::fma(V::mul(z, a), q, a);
-  // |u| < 9.1: 1 - 2 / (e^(2|u|) + 1), e^y = 2^n * P(r)
+  const F small = canon_tanh_small<V>(a);  // |u| < 0.625
+  // |u| < 9.1: 1 - 2 / (e^(2|u|) + 1), e^y = P(r) * 2^n
   const F y = V::add(a, a);
-  const F magic = V::set1(12582912.0f);
-  const F n = V::sub(V::add(V::mul(y, V::set1(1.44269502f)), magic), magic);
-  F r = V::fnma(n, V::set1(0.693145752f), y);
-  r = V::fnma(n, V::set1(1.42860677e-06f), r);
-  F p = V::set1(1.38888889e-03f);
-  p = V::fma(p, r, V::set1(8.33333377e-03f));
-  p = V::fma(p, r, V::set1(4.16666679e-02f));
-  p = V::fma(p, r, V::set1(1.66666672e-01f));
-  p = V::fma(p, r, V::set1(0.5f));
-  p = V::fma(p, r, V::set1(1.0f));
-  p = V::fma(p, r, V::set1(1.0f));
-  const F e = V::mul(p, V::exp2i(n));
+  const F n = canon_exp_n<V>(y);
+  const F e = V::mul(canon_exp_poly<V>(y, n), V::exp2i(n));
+  const F mid = canon_tanh_mid<V>(e);
   const F one = V::set1(1.0f);
-  const F mid = V::sub(one, V::div(V::set1(2.0f), V::add(e, one)));
-  const F t = V::select(V::lt(a, V::set1(0.625f)), small, V::select(V::lt(a, V::set1(9.1f)), mid, one));
+  const F t = V::select(V::lt(a, V::set1(kCanonTanhSmall)), small,
+                        V::select(V::lt(a, V::set1(kCanonTanhOne)), mid, one));
   return V::select(V::isnan(a), u, V::or_bits(t, V::sign_bits(u)));
 }
 

@@ -10,7 +10,7 @@
 
 #include "cpu/isa.h"
 #include "device.h"
-#include "muser/quant_blocks.h"
+#include "quant_types.h"
 
 namespace muser::cpu {
 

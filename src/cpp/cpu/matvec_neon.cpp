@@ -32,7 +32,7 @@
 #include "cpu/kernels.h"
 #include "cpu/kquant_scales.h"
 #include "cpu/q8_rows.h"
-#include "muser/dequant.h"
+#include "quant_types.h"
 
 namespace muser::cpu {
 
@@ -55,9 +55,9 @@ constexpr int kTokenTile = 8;
 // a float row's short last chunk is zero-padded to a whole group of 32.
 void decode_chunk(const WeightView& w, const uint8_t* row, int64_t c, int n, float* out) {
   switch ((GgmlType)w.type) {
-    case GgmlType::Q5_K: dequant_block_q5_k(reinterpret_cast<const BlockQ5_K*>(row)[c / kQK_K], out); return;
-    case GgmlType::Q4_K: dequant_block_q4_k(reinterpret_cast<const BlockQ4_K*>(row)[c / kQK_K], out); return;
-    case GgmlType::Q6_K: dequant_block_q6_k(reinterpret_cast<const BlockQ6_K*>(row)[c / kQK_K], out); return;
+    case GgmlType::Q5_K: dequant_block_q5_k(reinterpret_cast<const BlockQ5_K*>(row) + c / kQK_K, out); return;
+    case GgmlType::Q4_K: dequant_block_q4_k(reinterpret_cast<const BlockQ4_K*>(row) + c / kQK_K, out); return;
+    case GgmlType::Q6_K: dequant_block_q6_k(reinterpret_cast<const BlockQ6_K*>(row) + c / kQK_K, out); return;
     default: {
       const TypeTraits tt = type_traits(w.type);
       dequant_row(w.type, row + c / tt.block_elems * tt.block_bytes, n, out);

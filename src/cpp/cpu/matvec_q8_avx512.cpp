@@ -36,10 +36,21 @@
 
 #include "cpu/kernels.h"
 #include "cpu/unpack_avx512.h"
+#include "muser/q8_step.h"
 
 namespace muser::cpu {
 
 namespace {
+
+// muser/q8_step.h's float chain on 16 rows at once (lane i: row i of the tile).
+struct V512 {
+  using F = __m512;
+  using I = __m512i;
+  static F cvt(I i) { return _mm512_cvtepi32_ps(i); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+};
 
 constexpr int kTileRows = 16;
 constexpr int kTokenGroup = 8;
@@ -181,11 +192,11 @@ void tile_kquant45(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int 
       const __m512i isum = reduce16(s.acc[k]);
       const __m512i msum = mins_sum(s.mins, a.sum32.data() + (size_t)(k0 + k) * (a.cols / 32) + b * 8);
       const __m512 dxb = _mm512_set1_ps(a.d[(size_t)(k0 + k) * nb + b]);
-      sum_q[k] = _mm512_fmadd_ps(_mm512_mul_ps(dxb, d16), _mm512_cvtepi32_ps(isum), sum_q[k]);
-      sum_m[k] = _mm512_fmadd_ps(_mm512_mul_ps(dxb, dmin16), _mm512_cvtepi32_ps(msum), sum_m[k]);
+      sum_q[k] = q8_block_step<V512>(sum_q[k], dxb, d16, isum);
+      sum_m[k] = q8_block_step<V512>(sum_m[k], dxb, dmin16, msum);
     }
   }
-  for (int k = 0; k < nt; ++k) store_rows(y + (k0 + k) * ldy + r, nr, _mm512_sub_ps(sum_q[k], sum_m[k]));
+  for (int k = 0; k < nt; ++k) store_rows(y + (k0 + k) * ldy + r, nr, q8_kquant45_result<V512>(sum_q[k], sum_m[k]));
 }
 
 // ---- Q6_K ----
@@ -236,8 +247,7 @@ void tile_q6k(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int k0, i
     const __m512 d16 = widen_f16x16(s.d[0]);
     for (int k = 0; k < nt; ++k) {
       const __m512i isum = reduce16(s.acc[k]);
-      const __m512 d = _mm512_mul_ps(_mm512_set1_ps(a.d[(size_t)(k0 + k) * nb + b]), d16);
-      sum_q[k] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), sum_q[k]);
+      sum_q[k] = q8_block_step<V512>(sum_q[k], _mm512_set1_ps(a.d[(size_t)(k0 + k) * nb + b]), d16, isum);
     }
   }
   for (int k = 0; k < nt; ++k) store_rows(y + (k0 + k) * ldy + r, nr, sum_q[k]);
@@ -283,8 +293,8 @@ void tile_q80(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int k0, i
       const float* dx = a.d.data() + (size_t)(k0 + k) * nb + b;
       __m512i isum_a, isum_b;
       reduce16_pairs(s.acc[k], &isum_a, &isum_b);
-      sum_q[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_a), _mm512_mul_ps(da16, _mm512_set1_ps(dx[0])), sum_q[k]);
-      if (two) sum_q[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_b), _mm512_mul_ps(db16, _mm512_set1_ps(dx[1])), sum_q[k]);
+      sum_q[k] = q8_0_block_step<V512>(sum_q[k], isum_a, da16, _mm512_set1_ps(dx[0]));
+      if (two) sum_q[k] = q8_0_block_step<V512>(sum_q[k], isum_b, db16, _mm512_set1_ps(dx[1]));
     }
   }
   for (int k = 0; k < nt; ++k) store_rows(y + (k0 + k) * ldy + r, nr, sum_q[k]);

@@ -29,13 +29,13 @@ constexpr int kTokenTile = 16;  // tokens sharing one decoded block
 void decode_chunk(const WeightView& w, const uint8_t* row, int64_t k0, int n, float* out) {
   switch ((GgmlType)w.type) {
     case GgmlType::Q5_K:
-      dequant_block_q5_k(reinterpret_cast<const BlockQ5_K*>(row)[k0 / kQK_K], out);
+      dequant_block_q5_k(reinterpret_cast<const BlockQ5_K*>(row) + k0 / kQK_K, out);
       return;
     case GgmlType::Q4_K:
-      dequant_block_q4_k(reinterpret_cast<const BlockQ4_K*>(row)[k0 / kQK_K], out);
+      dequant_block_q4_k(reinterpret_cast<const BlockQ4_K*>(row) + k0 / kQK_K, out);
       return;
     case GgmlType::Q6_K:
-      dequant_block_q6_k(reinterpret_cast<const BlockQ6_K*>(row)[k0 / kQK_K], out);
+      dequant_block_q6_k(reinterpret_cast<const BlockQ6_K*>(row) + k0 / kQK_K, out);
       return;
     default:
       dequant_row(w.type, row + k0 / type_traits(w.type).block_elems * type_traits(w.type).block_bytes, n, out);
@@ -49,8 +49,8 @@ template <bool kQ5>
 struct DotKQuant45 {
   using Block = typename std::conditional<kQ5, BlockQ5_K, BlockQ4_K>::type;
   static int quant(const Block& blk, int i) {
-    if constexpr (kQ5) return q5k_quant(blk, i);
-    else return q4k_quant(blk, i);
+    if constexpr (kQ5) return q5k_quant(&blk, i);
+    else return q4k_quant(&blk, i);
   }
   const Block* b = nullptr;
   uint8_t sc[8], m[8];
@@ -87,7 +87,7 @@ struct DotQ6K : Q8DotNoMins {
     int32_t s = 0;
     for (int j = 0; j < 16; ++j) {
       int32_t dot = 0;
-      for (int i = 16 * j; i < 16 * j + 16; ++i) dot += q6k_quant(*b, i) * xq[i];
+      for (int i = 16 * j; i < 16 * j + 16; ++i) dot += q6k_quant(b, i) * xq[i];
       s += b->scales[j] * dot;
     }
     return s;

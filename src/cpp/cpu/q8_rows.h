@@ -1,10 +1,9 @@
-// The float side of the q8 dot product (docs/numerics.md, "q8 activations"),
-// written once for the twins that compute one (row, block) at a time: the
-// scalar definition (matvec_scalar.cpp), AVX2 (matvec_q8_avx2.cpp) and NEON
-// (matvec_neon.cpp). Each twin supplies block "dot" types computing the
-// exact integer sums its own way; the float order lives only here, so the
-// twins cannot drift apart. (The AVX-512 twin computes 16 rows per lane-wise
-// fma instead; it is tested bit-equal to this.)
+// The q8 row loop (docs/numerics.md, "q8 activations") for the twins that
+// compute one (row, block) at a time: the scalar definition
+// (matvec_scalar.cpp), AVX2 (matvec_q8_avx2.cpp) and NEON (matvec_neon.cpp).
+// Each twin supplies block "dot" types computing the exact integer sums its
+// own way; the float chain is muser/q8_step.h's, which the AVX-512 twin and
+// CUDA use too, so no backend can drift from the others.
 //
 // A dot type D has:  void load(const uint8_t* block)   unpack one weight block
 //                    int32_t isum(const int8_t* xq, const int16_t* xsum) const
@@ -19,6 +18,7 @@
 #include <cmath>
 
 #include "cpu/kernels.h"
+#include "muser/q8_step.h"
 
 namespace muser::cpu {
 namespace {
@@ -53,16 +53,16 @@ void q8_rows(const WeightView& w, const ActsQ8& a, int64_t r0, int64_t r1, float
           const int8_t* xq = a.qs.data() + tok * a.cols + b * block;
           const float dx = a.d[(size_t)(tok * a.blocks + b)];
           if (kKind == Q8Kind::Q80) {
-            sum_q[k] = fmaf((float)dot.isum(xq, nullptr), dot.d * dx, sum_q[k]);
+            sum_q[k] = q8_0_block_step(sum_q[k], dot.isum(xq, nullptr), dot.d, dx);
           } else {
             const int16_t* xs = sums + tok * a.blocks * sums_per_block + b * sums_per_block;
-            sum_q[k] = fmaf(dx * dot.d, (float)dot.isum(xq, xs), sum_q[k]);
-            if (kKind == Q8Kind::KQuant45) sum_m[k] = fmaf(dx * dot.dmin, (float)dot.msum(xs), sum_m[k]);
+            sum_q[k] = q8_block_step(sum_q[k], dx, dot.d, dot.isum(xq, xs));
+            if (kKind == Q8Kind::KQuant45) sum_m[k] = q8_block_step(sum_m[k], dx, dot.dmin, dot.msum(xs));
           }
         }
       }
       for (int k = 0; k < nt; ++k)
-        y[(k0 + k) * ldy + r] = kKind == Q8Kind::KQuant45 ? sum_q[k] - sum_m[k] : sum_q[k];
+        y[(k0 + k) * ldy + r] = kKind == Q8Kind::KQuant45 ? q8_kquant45_result(sum_q[k], sum_m[k]) : sum_q[k];
     }
   }
 }

@@ -7,14 +7,19 @@
 // f16 (11 significant bits) and sc, m < 64, so d1 and m1 are exact in f32;
 // d1*q (q < 32) is exact too, so the single rounding is the subtraction and
 // fmaf(d1, q, -m1) gives the same bits as d1*q - m1. Backends may use either.
+//
+// Every function takes its blocks and outputs as pointer template arguments,
+// so one body serves host memory, CUDA device memory and each Metal address
+// space (as ggml's dequantize_* take `device const block_q*`). The row loop
+// over a whole tensor is host-only: src/cpp/quant_types.h (dequant_row).
 #pragma once
 #include "quant_blocks.h"
 
 namespace muser {
 
 // Sub-block parameters of a K-quant block (Q4_K/Q5_K): 8 sub-blocks of 32.
-MUSER_HD void kquant_sub_scales(const uint8_t* scales, uint16_t d16, uint16_t dmin16, float* d1,
-                                float* m1) {
+template <class P, class O>
+MUSER_HD void kquant_sub_scales(P scales, uint16_t d16, uint16_t dmin16, O d1, O m1) {
   const float d = f16_to_f32(d16);
   const float dmin = f16_to_f32(dmin16);
   for (int j = 0; j < 8; ++j) {
@@ -25,31 +30,34 @@ MUSER_HD void kquant_sub_scales(const uint8_t* scales, uint16_t d16, uint16_t dm
   }
 }
 
-// 5-bit quant of element i (0..255) of a Q5_K block.
-MUSER_HD int q5k_quant(const BlockQ5_K& b, int i) {
+// 5-bit quant of element i (0..255) of the Q5_K block at b.
+template <class B>
+MUSER_HD int q5k_quant(B b, int i) {
   const int chunk = i >> 6;         // 64-element chunk shares a qs byte range
   const int within = i & 63;
   const int l = within & 31;
   const int hi_nibble = within >> 5;
-  const int lo = (b.qs[32 * chunk + l] >> (4 * hi_nibble)) & 0xF;
-  const int hb = (b.qh[l] >> (i >> 5)) & 1;
+  const int lo = (b->qs[32 * chunk + l] >> (4 * hi_nibble)) & 0xF;
+  const int hb = (b->qh[l] >> (i >> 5)) & 1;
   return lo | (hb << 4);
 }
 
-MUSER_HD int q4k_quant(const BlockQ4_K& b, int i) {
+template <class B>
+MUSER_HD int q4k_quant(B b, int i) {
   const int chunk = i >> 6;
   const int within = i & 63;
-  return (b.qs[32 * chunk + (within & 31)] >> (4 * (within >> 5))) & 0xF;
+  return (b->qs[32 * chunk + (within & 31)] >> (4 * (within >> 5))) & 0xF;
 }
 
-// Signed 6-bit quant (q - 32) of element i of a Q6_K block.
-MUSER_HD int q6k_quant(const BlockQ6_K& b, int i) {
+// Signed 6-bit quant (q - 32) of element i of the Q6_K block at b.
+template <class B>
+MUSER_HD int q6k_quant(B b, int i) {
   const int half = i >> 7;  // two halves of 128 elements
   const int w = i & 127;
   const int quarter = w >> 5;  // 0..3
   const int l = w & 31;
-  const uint8_t* ql = b.ql + 64 * half;
-  const uint8_t* qh = b.qh + 32 * half;
+  const auto ql = b->ql + 64 * half;
+  const auto qh = b->qh + 32 * half;
   // quarters 0,1 take the low nibbles of ql[l], ql[l+32]; quarters 2,3 the high ones
   const int low = (ql[l + 32 * (quarter & 1)] >> (4 * (quarter >> 1))) & 0xF;
   const int high = (qh[l] >> (2 * quarter)) & 3;
@@ -59,25 +67,27 @@ MUSER_HD int q6k_quant(const BlockQ6_K& b, int i) {
 // The block decoders walk the layout in its natural order (a qs byte feeds
 // elements 64c+l and 64c+32+l) so that compilers vectorize them; their values
 // are exactly q5k_quant/q4k_quant/q6k_quant's, element by element (tested).
-MUSER_HD void dequant_block_q5_k(const BlockQ5_K& b, float* out /*256*/) {
+template <class B, class O>
+MUSER_HD void dequant_block_q5_k(B b, O out /*256*/) {
   float d1[8], m1[8];
-  kquant_sub_scales(b.scales, b.d, b.dmin, d1, m1);
+  kquant_sub_scales(b->scales, b->d, b->dmin, d1, m1);
   for (int c = 0; c < 4; ++c) {
-    const uint8_t* qs = b.qs + 32 * c;
+    const auto qs = b->qs + 32 * c;
     for (int l = 0; l < 32; ++l) {
-      const int lo = (qs[l] & 0xF) | (((b.qh[l] >> (2 * c)) & 1) << 4);
-      const int hi = (qs[l] >> 4) | (((b.qh[l] >> (2 * c + 1)) & 1) << 4);
+      const int lo = (qs[l] & 0xF) | (((b->qh[l] >> (2 * c)) & 1) << 4);
+      const int hi = (qs[l] >> 4) | (((b->qh[l] >> (2 * c + 1)) & 1) << 4);
       out[64 * c + l] = d1[2 * c] * (float)lo - m1[2 * c];
       out[64 * c + 32 + l] = d1[2 * c + 1] * (float)hi - m1[2 * c + 1];
     }
   }
 }
 
-MUSER_HD void dequant_block_q4_k(const BlockQ4_K& b, float* out /*256*/) {
+template <class B, class O>
+MUSER_HD void dequant_block_q4_k(B b, O out /*256*/) {
   float d1[8], m1[8];
-  kquant_sub_scales(b.scales, b.d, b.dmin, d1, m1);
+  kquant_sub_scales(b->scales, b->d, b->dmin, d1, m1);
   for (int c = 0; c < 4; ++c) {
-    const uint8_t* qs = b.qs + 32 * c;
+    const auto qs = b->qs + 32 * c;
     for (int l = 0; l < 32; ++l) {
       out[64 * c + l] = d1[2 * c] * (float)(qs[l] & 0xF) - m1[2 * c];
       out[64 * c + 32 + l] = d1[2 * c + 1] * (float)(qs[l] >> 4) - m1[2 * c + 1];
@@ -85,13 +95,14 @@ MUSER_HD void dequant_block_q4_k(const BlockQ4_K& b, float* out /*256*/) {
   }
 }
 
-MUSER_HD void dequant_block_q6_k(const BlockQ6_K& b, float* out /*256*/) {
-  const float d = f16_to_f32(b.d);
+template <class B, class O>
+MUSER_HD void dequant_block_q6_k(B b, O out /*256*/) {
+  const float d = f16_to_f32(b->d);
   for (int half = 0; half < 2; ++half) {
-    const uint8_t* ql = b.ql + 64 * half;
-    const uint8_t* qh = b.qh + 32 * half;
-    const int8_t* sc = b.scales + 8 * half;
-    float* y = out + 128 * half;
+    const auto ql = b->ql + 64 * half;
+    const auto qh = b->qh + 32 * half;
+    const auto sc = b->scales + 8 * half;
+    const auto y = out + 128 * half;
     for (int l = 0; l < 32; ++l) {
       const int s = l >> 4;
       y[l] = (d * (float)sc[s]) * (float)(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
@@ -102,52 +113,10 @@ MUSER_HD void dequant_block_q6_k(const BlockQ6_K& b, float* out /*256*/) {
   }
 }
 
-MUSER_HD void dequant_block_q8_0(const BlockQ8_0& b, float* out /*32*/) {
-  const float d = f16_to_f32(b.d);
-  for (int i = 0; i < kQK8_0; ++i) out[i] = (float)b.qs[i] * d;
-}
-
-// Dequantize n elements (a multiple of the type's block size) of a row that
-// starts at `row`. Returns false for a type muser cannot decode.
-inline bool dequant_row(uint32_t type, const void* row, int64_t n, float* out) {
-  const uint8_t* p = static_cast<const uint8_t*>(row);
-  switch (type) {
-    case (uint32_t)GgmlType::F32:
-      memcpy(out, p, (size_t)n * 4);
-      return true;
-    case (uint32_t)GgmlType::F16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        memcpy(&h, p + 2 * i, 2);
-        out[i] = f16_to_f32(h);
-      }
-      return true;
-    case (uint32_t)GgmlType::BF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        memcpy(&h, p + 2 * i, 2);
-        out[i] = bf16_to_f32(h);
-      }
-      return true;
-    case (uint32_t)GgmlType::Q8_0:
-      for (int64_t b = 0; b < n / kQK8_0; ++b)
-        dequant_block_q8_0(reinterpret_cast<const BlockQ8_0*>(p)[b], out + b * kQK8_0);
-      return true;
-    case (uint32_t)GgmlType::Q4_K:
-      for (int64_t b = 0; b < n / kQK_K; ++b)
-        dequant_block_q4_k(reinterpret_cast<const BlockQ4_K*>(p)[b], out + b * kQK_K);
-      return true;
-    case (uint32_t)GgmlType::Q5_K:
-      for (int64_t b = 0; b < n / kQK_K; ++b)
-        dequant_block_q5_k(reinterpret_cast<const BlockQ5_K*>(p)[b], out + b * kQK_K);
-      return true;
-    case (uint32_t)GgmlType::Q6_K:
-      for (int64_t b = 0; b < n / kQK_K; ++b)
-        dequant_block_q6_k(reinterpret_cast<const BlockQ6_K*>(p)[b], out + b * kQK_K);
-      return true;
-    default:
-      return false;
-  }
+template <class B, class O>
+MUSER_HD void dequant_block_q8_0(B b, O out /*32*/) {
+  const float d = f16_to_f32(b->d);
+  for (int i = 0; i < kQK8_0; ++i) out[i] = (float)b->qs[i] * d;
 }
 
 }  // namespace muser

@@ -1,6 +1,8 @@
 // One definition of every block format muser reads. Plain named fields, one
-// static_assert per size; C++, CUDA and the CPU tests include this file, and
-// the Metal shaders mirror it field for field (src/metal/kernels/).
+// static_assert per size and per offset a kernel uses; host C++, CUDA and
+// Metal compile this same file (platform.h; checked on every build by the
+// Metal shim, tests/metal_shim/). Host-only facts about the types (names,
+// which ones muser multiplies) are in src/cpp/quant_types.h.
 //
 // Layouts follow the GGUF/ggml on-disk formats byte for byte.
 #pragma once
@@ -9,9 +11,9 @@
 namespace muser {
 
 // Elements per block of each K-quant ("super-block") and of the legacy quants.
-constexpr int kQK_K = 256;
-constexpr int kQK8_0 = 32;
-constexpr int kKScaleBytes = 12;  // packed 6-bit scales and mins of Q4_K/Q5_K
+MUSER_CONSTANT constexpr int kQK_K = 256;
+MUSER_CONSTANT constexpr int kQK8_0 = 32;
+MUSER_CONSTANT constexpr int kKScaleBytes = 12;  // packed 6-bit scales and mins of Q4_K/Q5_K
 
 // Q8_0: 32 elements, x = d * qs[i].                                  34 bytes
 struct BlockQ8_0 {
@@ -75,66 +77,30 @@ enum class GgmlType : uint32_t {
   BF16 = 30,
 };
 
-// Block geometry of a type: elements per block and bytes per block; {0,0} when
-// muser does not know the type. Known-but-unsupported types still get their
-// geometry so the GGUF reader can bounds-check every tensor in a file.
-struct TypeTraits {
-  const char* name;
-  int block_elems;
-  int block_bytes;
-  bool supported;  // muser can dequantize / multiply it
-};
-
-MUSER_HD TypeTraits type_traits(uint32_t t) {
-  switch (t) {
-    case 0: return {"F32", 1, 4, true};
-    case 1: return {"F16", 1, 2, true};
-    case 2: return {"Q4_0", 32, 18, false};
-    case 3: return {"Q4_1", 32, 20, false};
-    case 6: return {"Q5_0", 32, 22, false};
-    case 7: return {"Q5_1", 32, 24, false};
-    case 8: return {"Q8_0", 32, 34, true};
-    case 9: return {"Q8_1", 32, 36, false};
-    case 10: return {"Q2_K", 256, 84, false};
-    case 11: return {"Q3_K", 256, 110, false};
-    case 12: return {"Q4_K", 256, 144, true};
-    case 13: return {"Q5_K", 256, 176, true};
-    case 14: return {"Q6_K", 256, 210, true};
-    case 15: return {"Q8_K", 256, 292, false};
-    case 16: return {"IQ2_XXS", 256, 66, false};
-    case 17: return {"IQ2_XS", 256, 74, false};
-    case 18: return {"IQ3_XXS", 256, 98, false};
-    case 19: return {"IQ1_S", 256, 50, false};
-    case 20: return {"IQ4_NL", 32, 18, false};
-    case 21: return {"IQ3_S", 256, 110, false};
-    case 22: return {"IQ2_S", 256, 82, false};
-    case 23: return {"IQ4_XS", 256, 136, false};
-    case 24: return {"I8", 1, 1, false};
-    case 25: return {"I16", 1, 2, false};
-    case 26: return {"I32", 1, 4, false};
-    case 27: return {"I64", 1, 8, false};
-    case 28: return {"F64", 1, 8, false};
-    case 29: return {"IQ1_M", 256, 56, false};
-    case 30: return {"BF16", 1, 2, true};
-    case 34: return {"TQ1_0", 256, 54, false};
-    case 35: return {"TQ2_0", 256, 66, false};
-    case 39: return {"MXFP4", 32, 17, false};
-    default: return {nullptr, 0, 0, false};
-  }
+// Bytes of one block (one element for the float types) of each type the
+// kernels read; 0 for any other. quant_types.h's type table uses it.
+MUSER_HD constexpr int block_bytes(uint32_t type) {
+  return type == (uint32_t)GgmlType::F32                                           ? 4
+         : type == (uint32_t)GgmlType::F16 || type == (uint32_t)GgmlType::BF16   ? 2
+         : type == (uint32_t)GgmlType::Q8_0                                      ? (int)sizeof(BlockQ8_0)
+         : type == (uint32_t)GgmlType::Q4_K                                      ? (int)sizeof(BlockQ4_K)
+         : type == (uint32_t)GgmlType::Q5_K                                      ? (int)sizeof(BlockQ5_K)
+         : type == (uint32_t)GgmlType::Q6_K                                      ? (int)sizeof(BlockQ6_K)
+                                                                                 : 0;
 }
+
+// Byte offsets the device kernels address blocks by (they read raw bytes:
+// Q6_K and Q8_0 blocks are only 2-byte aligned).
+MUSER_CONSTANT constexpr int kKQuantHeaderBytes = 4 + kKScaleBytes;  // d, dmin, scales of Q4_K/Q5_K
+static_assert(MUSER_OFFSETOF(BlockQ4_K, qs) == kKQuantHeaderBytes, "Q4_K quants follow the header");
+static_assert(MUSER_OFFSETOF(BlockQ5_K, qh) == kKQuantHeaderBytes, "Q5_K high bits follow the header");
+MUSER_CONSTANT constexpr int kQ5KQsOffset = (int)MUSER_OFFSETOF(BlockQ5_K, qs);      // 48
+MUSER_CONSTANT constexpr int kQ6KQhOffset = (int)MUSER_OFFSETOF(BlockQ6_K, qh);      // 128
+MUSER_CONSTANT constexpr int kQ6KScalesOffset = (int)MUSER_OFFSETOF(BlockQ6_K, scales);  // 192
+MUSER_CONSTANT constexpr int kQ6KDOffset = (int)MUSER_OFFSETOF(BlockQ6_K, d);        // 208
+MUSER_CONSTANT constexpr int kQ8_0QsOffset = (int)MUSER_OFFSETOF(BlockQ8_0, qs);     // 2
 
 // ---- scalar conversions (exact, branch-light, usable on device) ----
-
-MUSER_HD float bits_to_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-MUSER_HD uint32_t f32_to_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
 
 // IEEE half -> float, exact for every input (subnormals, inf, nan).
 MUSER_HD float f16_to_f32(uint16_t h) {
@@ -189,14 +155,45 @@ MUSER_HD int nearest_int(float v) {
   return (int)(f32_to_bits(shifted) & 0x007fffffu) - 0x00400000;
 }
 
-// Unpack the j-th (scale, min) pair of the 12-byte K-quant scale field.
-MUSER_HD void k_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+// ---- the 6-bit (scale, min) pairs of Q4_K/Q5_K: the one unpacker ----
+// The 12 scale bytes as three little-endian words w0 w1 w2: bytes 0-3 hold
+// the scales of sub-blocks 0-3 (low 6 bits) and the top 2 bits of scales
+// 4-7; bytes 4-7 the same for the mins; bytes 8-11 the low 4 bits of scale
+// j+4 (low nibble) and min j+4 (high nibble). Both halves below work on a
+// whole word (4 sub-blocks at once) or on one byte in a word.
+
+// Values of sub-blocks 0-3 from bytes 0-3 (scales) or 4-7 (mins).
+MUSER_HD uint32_t kscale_low(uint32_t w) { return w & 0x3f3f3f3fu; }
+// Values of sub-blocks 4-7: low 4 bits from `nibbles` (bytes 8-11, shifted
+// right by 4 for the mins), top 2 bits from the top of `tops` (bytes 0-3 for
+// the scales, 4-7 for the mins).
+MUSER_HD uint32_t kscale_high(uint32_t nibbles, uint32_t tops) {
+  return (nibbles & 0x0f0f0f0fu) | ((tops >> 2) & 0x30303030u);
+}
+
+// All 8 pairs, one byte each: byte j%4 of sc[j/4] / m[j/4] is sub-block j's.
+struct KScaleWords {
+  uint32_t sc[2], m[2];
+};
+MUSER_HD KScaleWords kquant_scale_words(uint32_t w0, uint32_t w1, uint32_t w2) {
+  KScaleWords k;
+  k.sc[0] = kscale_low(w0);
+  k.m[0] = kscale_low(w1);
+  k.sc[1] = kscale_high(w2, w0);
+  k.m[1] = kscale_high(w2 >> 4, w1);
+  return k;
+}
+
+// The j-th pair from the bytes at q (any address space): the same halves,
+// on the two bytes pair j draws from.
+template <class P, class O>
+MUSER_HD void k_scale_min(int j, P q, O sc, O m) {
   if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
+    *sc = (uint8_t)kscale_low(q[j]);
+    *m = (uint8_t)kscale_low(q[j + 4]);
   } else {
-    *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    *sc = (uint8_t)kscale_high(q[j + 4], q[j - 4]);
+    *m = (uint8_t)kscale_high((uint32_t)q[j + 4] >> 4, q[j]);
   }
 }
 

@@ -1,4 +1,8 @@
-// The device layout of quantized weights, made once at load (upload_weight).
+// The GPU device layout of quantized weights, made once at load (CUDA:
+// upload_weight in src/cuda/matvec.cu). Shared by host C++ (the C++ tests
+// check it without a GPU: tests/cpp/test_device_layout.cpp), CUDA and Metal;
+// the functions take their blocks as pointer template arguments (any address
+// space).
 //
 // Row tiles (Q4_K, Q5_K, Q6_K, Q8_0). The rows are stored in tiles of
 // kTileRows = 16: tile T holds block 0 of rows 16T .. 16T+15 back to back,
@@ -27,11 +31,11 @@
 // unpack_* restores the GGUF block so dequant.h (the one definition of a
 // weight's value) applies unchanged; the reference kernel uses it.
 #pragma once
-#include "muser/quant_blocks.h"
+#include "quant_blocks.h"
 
-namespace muser::cuda {
+namespace muser {
 
-constexpr int kTileRows = 16;
+MUSER_CONSTANT constexpr int kTileRows = 16;
 
 // Whether a weight type is stored in row tiles on the device.
 MUSER_HD bool is_tiled_type(uint32_t type) {
@@ -43,10 +47,10 @@ MUSER_HD int64_t tiled_row_offset(int64_t r, int64_t row_bytes, int64_t block_by
   return (r / kTileRows) * kTileRows * row_bytes + (r % kTileRows) * block_bytes;
 }
 
-constexpr int kKQuantHeaderBytes = 16;
-constexpr int kQ5KHighBitsOffset = 16;  // qh' in a repacked Q5_K block
-constexpr int kQ5KQuantsOffset = 48;    // qs' in a repacked Q5_K block
-constexpr int kQ4KQuantsOffset = 16;    // qs' in a repacked Q4_K block
+// A repacked block keeps the GGUF block's field offsets (quant_blocks.h).
+MUSER_CONSTANT constexpr int kQ5KHighBitsOffset = kKQuantHeaderBytes;  // qh' in a repacked Q5_K block
+MUSER_CONSTANT constexpr int kQ5KQuantsOffset = kQ5KQsOffset;          // qs' in a repacked Q5_K block
+MUSER_CONSTANT constexpr int kQ4KQuantsOffset = kKQuantHeaderBytes;    // qs' in a repacked Q4_K block
 
 MUSER_HD uint8_t q5k_packed_high_bits(uint8_t qh) {
   uint8_t out = 0;
@@ -67,37 +71,50 @@ MUSER_HD uint8_t q5k_unpacked_high_bits(uint8_t packed) {
 }
 
 // In place: qs (128 bytes at p) from GGUF order to lane-word order.
-MUSER_HD void permute_quants_to_lanes(uint8_t* p) {
+template <class P>
+MUSER_HD void permute_quants_to_lanes(P p) {
   uint8_t tmp[128];
   for (int i = 0; i < 128; ++i) tmp[i] = p[i];
   for (int l = 0; l < 32; ++l)
     for (int c = 0; c < 4; ++c) p[4 * l + c] = tmp[32 * c + l];
 }
 
-MUSER_HD void permute_quants_from_lanes(const uint8_t* p, uint8_t* qs) {
+template <class P, class Q>
+MUSER_HD void permute_quants_from_lanes(P p, Q qs) {
   for (int l = 0; l < 32; ++l)
     for (int c = 0; c < 4; ++c) qs[32 * c + l] = p[4 * l + c];
 }
 
-MUSER_HD void repack_block_q5_k(uint8_t* b) {
+template <class P>
+MUSER_HD void repack_block_q5_k(P b) {
   // GGUF: header, qh[32] at 16, qs[128] at 48 -- the same offsets as the device layout
   for (int l = 0; l < 32; ++l) b[kQ5KHighBitsOffset + l] = q5k_packed_high_bits(b[kQ5KHighBitsOffset + l]);
   permute_quants_to_lanes(b + kQ5KQuantsOffset);
 }
 
-MUSER_HD void repack_block_q4_k(uint8_t* b) { permute_quants_to_lanes(b + kQ4KQuantsOffset); }
+template <class P>
+MUSER_HD void repack_block_q4_k(P b) { permute_quants_to_lanes(b + kQ4KQuantsOffset); }
 
-MUSER_HD void unpack_block_q5_k(const uint8_t* b, BlockQ5_K* out) {
-  uint8_t* o = reinterpret_cast<uint8_t*>(out);
-  for (int i = 0; i < kKQuantHeaderBytes; ++i) o[i] = b[i];
+// The header (d, dmin, scales) of a repacked block at b into a GGUF block
+// (little-endian f16s, as GGUF stores them).
+template <class P, class B>
+MUSER_HD void unpack_kquant_header(P b, B out) {
+  out->d = (uint16_t)(b[0] | (b[1] << 8));
+  out->dmin = (uint16_t)(b[2] | (b[3] << 8));
+  for (int i = 0; i < kKScaleBytes; ++i) out->scales[i] = b[4 + i];
+}
+
+template <class P, class B>
+MUSER_HD void unpack_block_q5_k(P b, B out) {
+  unpack_kquant_header(b, out);
   for (int l = 0; l < 32; ++l) out->qh[l] = q5k_unpacked_high_bits(b[kQ5KHighBitsOffset + l]);
   permute_quants_from_lanes(b + kQ5KQuantsOffset, out->qs);
 }
 
-MUSER_HD void unpack_block_q4_k(const uint8_t* b, BlockQ4_K* out) {
-  uint8_t* o = reinterpret_cast<uint8_t*>(out);
-  for (int i = 0; i < kKQuantHeaderBytes; ++i) o[i] = b[i];
+template <class P, class B>
+MUSER_HD void unpack_block_q4_k(P b, B out) {
+  unpack_kquant_header(b, out);
   permute_quants_from_lanes(b + kQ4KQuantsOffset, out->qs);
 }
 
-}  // namespace muser::cuda
+}  // namespace muser
