@@ -1,0 +1,162 @@
+// The LM-head matvec with f32 activations, logits y[k * ldy + r] = W[r] . x[k].
+//
+// matvec_<type>_f32 (canonical order, every route but reference): one weight
+// row per 32-thread SIMD group, kMatvecRowsPerGroup groups per threadgroup;
+// lane l of the group owns the row's elements l + 32 s and keeps one fma
+// chain per token (muser/lanes.h), tokens taken kMatvecTokenTile at a time
+// (the row is read again per tile); the lanes are joined by the canonical
+// butterfly (common.h) and lane 0 writes. The order depends on nothing but
+// the row, so the logits are bit-equal to the CPU's for every t.
+//
+// matvec_ref_<type>_f32 (the reference route): one thread per (row, token),
+// the row dequantized a block at a time (muser/dequant.h), one f32
+// accumulator in index order, acc = acc + w * x (two roundings), as
+// cpu::matvec_reference.
+//
+// Buffers: 0 MatvecKargs, 1 the weight rows (bound at the first row of the
+// dispatch), 2 x [t x ldx], 3 y (bound at the first row's logit).
+// Grid: canonical ceil(rows / kMatvecRowsPerGroup) threadgroups of 32 *
+// kMatvecRowsPerGroup threads; reference rows * t threads.
+#include "common.h"
+#include "muser/dequant.h"
+
+using namespace muser;
+
+constant constexpr int kMatvecRowsPerGroup = 4;
+constant constexpr int kMatvecTokenTile = 8;
+
+namespace {
+
+struct RowQ5K {
+  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+                   thread float* acc) {
+    canon_lane_kquant<LaneQ5K>((device const BlockQ5_K*)row, cols / kQK_K, lane, x, ldx, nt, acc);
+  }
+};
+struct RowQ4K {
+  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+                   thread float* acc) {
+    canon_lane_kquant<LaneQ4K>((device const BlockQ4_K*)row, cols / kQK_K, lane, x, ldx, nt, acc);
+  }
+};
+struct RowQ6K {
+  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+                   thread float* acc) {
+    canon_lane_kquant<LaneQ6K>((device const BlockQ6_K*)row, cols / kQK_K, lane, x, ldx, nt, acc);
+  }
+};
+struct RowQ80 {
+  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+                   thread float* acc) {
+    canon_lane_q8_0((device const BlockQ8_0*)row, cols / kQK8_0, lane, x, ldx, nt, acc);
+  }
+};
+struct RowF32 {
+  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+                   thread float* acc) {
+    canon_lane_float<WidenF32>((device const float*)row, cols, lane, x, ldx, nt, acc);
+  }
+};
+struct RowF16 {
+  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+                   thread float* acc) {
+    canon_lane_float<WidenF16>((device const ushort*)row, cols, lane, x, ldx, nt, acc);
+  }
+};
+struct RowBF16 {
+  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+                   thread float* acc) {
+    canon_lane_float<WidenBF16>((device const ushort*)row, cols, lane, x, ldx, nt, acc);
+  }
+};
+
+// The reference order's row decode: block b of the row into out (its elements).
+struct DecQ5K {
+  static constant constexpr int kElems = kQK_K;
+  static void block(device const uchar* row, int64_t b, thread float* out) {
+    dequant_block_q5_k((device const BlockQ5_K*)row + b, out);
+  }
+};
+struct DecQ4K {
+  static constant constexpr int kElems = kQK_K;
+  static void block(device const uchar* row, int64_t b, thread float* out) {
+    dequant_block_q4_k((device const BlockQ4_K*)row + b, out);
+  }
+};
+struct DecQ6K {
+  static constant constexpr int kElems = kQK_K;
+  static void block(device const uchar* row, int64_t b, thread float* out) {
+    dequant_block_q6_k((device const BlockQ6_K*)row + b, out);
+  }
+};
+struct DecQ80 {
+  static constant constexpr int kElems = kQK8_0;
+  static void block(device const uchar* row, int64_t b, thread float* out) {
+    dequant_block_q8_0((device const BlockQ8_0*)row + b, out);
+  }
+};
+template <class E, class T>
+struct DecFloat {
+  static constant constexpr int kElems = 1;
+  static void block(device const uchar* row, int64_t b, thread float* out) { out[0] = E::at(((device const T*)row)[b]); }
+};
+
+}  // namespace
+
+template <class Row>
+kernel void matvec_f32(constant MatvecKargs& a [[buffer(0)]], device const uchar* w [[buffer(1)]],
+                       device const float* x [[buffer(2)]], device float* y [[buffer(3)]],
+                       uint group [[threadgroup_position_in_grid]], ushort sg [[simdgroup_index_in_threadgroup]],
+                       ushort lane [[thread_index_in_simdgroup]]) {
+  const int64_t r = (int64_t)group * kMatvecRowsPerGroup + sg;
+  if (r >= a.rows) return;  // a whole SIMD group leaves together
+  device const uchar* row = w + r * a.row_bytes;
+  for (int t0 = 0; t0 < a.t; t0 += kMatvecTokenTile) {
+    const int nt = a.t - t0 < kMatvecTokenTile ? a.t - t0 : kMatvecTokenTile;
+    float acc[kMatvecTokenTile];
+    for (int k = 0; k < kMatvecTokenTile; ++k) acc[k] = 0.0f;
+    Row::lane(row, a.cols, lane, x + (int64_t)t0 * a.ldx, a.ldx, nt, acc);
+    for (int k = 0; k < nt; ++k) {
+      const float v = simd_canon_tree(acc[k], lane);
+      if (lane == 0) y[(int64_t)(t0 + k) * a.ldy + r] = v;
+    }
+  }
+}
+
+typedef decltype(matvec_f32<RowQ5K>) matvec_t;
+MUSER_KERNEL_INSTANCE("matvec_q5_K_f32", matvec_t, matvec_f32<RowQ5K>)
+MUSER_KERNEL_INSTANCE("matvec_q4_K_f32", matvec_t, matvec_f32<RowQ4K>)
+MUSER_KERNEL_INSTANCE("matvec_q6_K_f32", matvec_t, matvec_f32<RowQ6K>)
+MUSER_KERNEL_INSTANCE("matvec_q8_0_f32", matvec_t, matvec_f32<RowQ80>)
+MUSER_KERNEL_INSTANCE("matvec_f32_f32", matvec_t, matvec_f32<RowF32>)
+MUSER_KERNEL_INSTANCE("matvec_f16_f32", matvec_t, matvec_f32<RowF16>)
+MUSER_KERNEL_INSTANCE("matvec_bf16_f32", matvec_t, matvec_f32<RowBF16>)
+
+template <class Dec>
+kernel void matvec_ref_f32(constant MatvecKargs& a [[buffer(0)]], device const uchar* w [[buffer(1)]],
+                           device const float* x [[buffer(2)]], device float* y [[buffer(3)]],
+                           uint pos [[thread_position_in_grid]]) {
+  const int64_t r = (int64_t)pos % a.rows, k = (int64_t)pos / a.rows;
+  if (k >= a.t) return;
+  device const uchar* row = w + r * a.row_bytes;
+  device const float* xs = x + k * a.ldx;
+  float out[Dec::kElems];
+  float acc = 0.0f;
+  for (int64_t b = 0; b < a.cols / Dec::kElems; ++b) {
+    Dec::block(row, b, out);
+    for (int i = 0; i < Dec::kElems; ++i) {
+      const float p = out[i] * xs[b * Dec::kElems + i];
+      acc = acc + p;
+    }
+  }
+  y[k * a.ldy + r] = acc;
+}
+
+typedef decltype(matvec_ref_f32<DecQ5K>) matvec_ref_t;
+MUSER_KERNEL_INSTANCE("matvec_ref_q5_K_f32", matvec_ref_t, matvec_ref_f32<DecQ5K>)
+MUSER_KERNEL_INSTANCE("matvec_ref_q4_K_f32", matvec_ref_t, matvec_ref_f32<DecQ4K>)
+MUSER_KERNEL_INSTANCE("matvec_ref_q6_K_f32", matvec_ref_t, matvec_ref_f32<DecQ6K>)
+MUSER_KERNEL_INSTANCE("matvec_ref_q8_0_f32", matvec_ref_t, matvec_ref_f32<DecQ80>)
+MUSER_KERNEL_INSTANCE("matvec_ref_f32_f32", matvec_ref_t, matvec_ref_f32<DecFloat<WidenF32, float>>)
+MUSER_KERNEL_INSTANCE("matvec_ref_f16_f32", matvec_ref_t, matvec_ref_f32<DecFloat<WidenF16, ushort>>)
+MUSER_KERNEL_INSTANCE("matvec_ref_bf16_f32", matvec_ref_t, matvec_ref_f32<DecFloat<WidenBF16, ushort>>)
