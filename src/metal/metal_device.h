@@ -117,8 +117,5 @@ PipelineStats pipeline_stats(Context* ctx);
 // Drop the barrier before the n-th dispatch (counted over a run's steps, from
 // 0) of every later run; -1 restores them. Proves the emulator's hazard check.
 void test_drop_barrier(Context* ctx, int n);
-// The OS-version answer the .mm uses for @available(macOS 15): -1 asks the
-// OS (on Linux, against the emulator, always "yes"), 0 / 1 force it.
-void test_set_macos15(int value);
 
 }  // namespace muser::metal

@@ -11,11 +11,13 @@
 // exceptions through Objective-C++ frames): nothing here throws or catches a
 // C++ exception -- failures leave as Status values (metal_device.cpp makes
 // them muser::DeviceError) -- and the one OS-version question goes through
-// macos15(), which a test can answer (test_set_macos15).
+// macos15() and MUSER_MACOS_AVAILABLE (muser_os_version.h), which the
+// emulator answers as a test sets it, so the pre-macOS-15 path runs too.
 #import <Foundation/Foundation.h>
 #import <Metal/Metal.h>
 
-#include <atomic>
+#include "muser_os_version.h"
+
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -32,13 +34,9 @@ namespace muser::metal {
 
 namespace {
 
-std::atomic<int> g_macos15{-1};
-
-// The one OS-version check (@available is always true on Linux).
+// The one OS-version check (@available is always true on Linux: the emulator answers there).
 bool macos15() {
-  const int forced = g_macos15.load();
-  if (forced >= 0) return forced != 0;
-  if (@available(macOS 15.0, *)) return true;
+  if (MUSER_MACOS_AVAILABLE(15.0)) return true;
   return false;
 }
 
@@ -112,10 +110,16 @@ Status create(const CreateOptions& o, Context** out) {
     id<MTLLibrary> library = nil;
     NSError* err = nil;
     bool from_source = false, safe = false;
+#if defined(MUSER_HAVE_METALLIB)  // built by xcrun metal (src/metal/CMakeLists.txt): Apple's SDK only
     const bool have_metallib =
         !o.metallib_path.empty() && [[NSFileManager defaultManager] fileExistsAtPath:ns(o.metallib_path)];
+#else
+    const bool have_metallib = false;
+#endif
     if (have_metallib) {
+#if defined(MUSER_HAVE_METALLIB)
       library = [device newLibraryWithURL:[NSURL fileURLWithPath:ns(o.metallib_path)] error:&err];
+#endif
       if (!library) {
         [queue release];
         [device release];
@@ -175,7 +179,8 @@ Status info(Context* ctx, DeviceInfo* out) {
     out->max_buffer_length = (uint64_t)[ctx->device maxBufferLength];
     out->max_threads_per_threadgroup = (uint32_t)[ctx->device maxThreadsPerThreadgroup].width;
     out->unified_memory = [ctx->device hasUnifiedMemory];
-    out->page_size = (size_t)NSPageSize();
+    // 16 KiB: Apple silicon's page, a multiple of every other Mac's
+    out->page_size = (size_t)NSPageSize() > 16384 ? (size_t)NSPageSize() : 16384;
     out->library_from_source = ctx->from_source;
     out->safe_math_mode = ctx->safe_math_mode;
   }
@@ -232,8 +237,6 @@ void test_drop_barrier(Context* ctx, int n) {
   std::lock_guard<std::mutex> lock(ctx->mutex);
   ctx->drop_barrier = n;
 }
-
-void test_set_macos15(int value) { g_macos15.store(value); }
 
 namespace {
 

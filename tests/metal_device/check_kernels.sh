@@ -8,7 +8,7 @@ cxx=${CXX_SHIM:-clang++}
 rc=0
 for f in src/metal/kernels/*.metal; do
   if "$cxx" -std=c++17 -fsyntax-only -nostdinc -nostdinc++ -Wno-unknown-attributes -x c++ \
-      -include tests/metal_device/kernel_check.h -I tests/metal_shim -I src/cpp -I src/metal/kernels "$f"; then
+      -include tests/metal_device/kernel_check.h -I tests/metal_shim ${KABI_DIR:+-I $KABI_DIR} -I src/cpp -I src/metal/kernels "$f"; then
     echo "ok   $f"
   else
     echo "FAIL $f"; rc=1

@@ -10,15 +10,11 @@
 #include "muser/kernel_args.h"
 #include "muser/lanes.h"
 
-// A named instantiation of a kernel template: the pipeline name the host
-// asks for (op_weight_activation). The emulator's kernel ABI, when built
-// against it, spells the same thing its own way.
-#if defined(MUSER_METAL_EMULATOR)
+// Kernels declare themselves with kernel_abi.h's MUSER_KERNEL: the MSL
+// signature on Metal, a registered C++ function on the emulator. A kernel's
+// name is its pipeline name (op_weight_activation, e.g. matvec_q5_K_f32);
+// variants are stamped out by a macro per file over one templated body.
 #include "kernel_abi.h"
-#endif
-#ifndef MUSER_KERNEL_INSTANCE
-#define MUSER_KERNEL_INSTANCE(name, type, ...) template [[host_name(name)]] kernel type __VA_ARGS__;
-#endif
 
 namespace muser {
 

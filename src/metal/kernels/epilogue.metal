@@ -11,27 +11,22 @@
 
 using namespace muser;
 
-kernel void scale_f32(constant EpilogueKargs& a [[buffer(0)]], device float* y [[buffer(1)]],
-                      uint i [[thread_position_in_grid]]) {
+MUSER_KERNEL(scale_f32, MUSER_ARG_CONSTANT(EpilogueKargs, a, 0), MUSER_ARG_BUFFER_INOUT(float, y, 1), MUSER_ARG_TID(i)) {
   if ((int64_t)i < a.n) y[i] = epilogue_scale(y[i], a.scale);
 }
 
-kernel void tanh_f32(constant EpilogueKargs& a [[buffer(0)]], device float* y [[buffer(1)]],
-                     uint i [[thread_position_in_grid]]) {
+MUSER_KERNEL(tanh_f32, MUSER_ARG_CONSTANT(EpilogueKargs, a, 0), MUSER_ARG_BUFFER_INOUT(float, y, 1), MUSER_ARG_TID(i)) {
   if ((int64_t)i < a.n) y[i] = platform_tanhf(y[i]);
 }
 
-kernel void softcap_f32(constant EpilogueKargs& a [[buffer(0)]], device float* y [[buffer(1)]],
-                        uint i [[thread_position_in_grid]]) {
+MUSER_KERNEL(softcap_f32, MUSER_ARG_CONSTANT(EpilogueKargs, a, 0), MUSER_ARG_BUFFER_INOUT(float, y, 1), MUSER_ARG_TID(i)) {
   if ((int64_t)i < a.n) y[i] = epilogue_softcap_fused(y[i], a.scale, a.cap);
 }
 
-kernel void softcap_ref_f32(constant EpilogueKargs& a [[buffer(0)]], device float* y [[buffer(1)]],
-                            uint i [[thread_position_in_grid]]) {
+MUSER_KERNEL(softcap_ref_f32, MUSER_ARG_CONSTANT(EpilogueKargs, a, 0), MUSER_ARG_BUFFER_INOUT(float, y, 1), MUSER_ARG_TID(i)) {
   if ((int64_t)i < a.n) y[i] = epilogue_softcap_reference(y[i], a.cap, a.inv_cap);
 }
 
-kernel void softcap_canon_f32(constant EpilogueKargs& a [[buffer(0)]], device float* y [[buffer(1)]],
-                              uint i [[thread_position_in_grid]]) {
+MUSER_KERNEL(softcap_canon_f32, MUSER_ARG_CONSTANT(EpilogueKargs, a, 0), MUSER_ARG_BUFFER_INOUT(float, y, 1), MUSER_ARG_TID(i)) {
   if ((int64_t)i < a.n) y[i] = canon_epilogue(y[i], a.scale, a.cap, a.inv_cap);
 }

@@ -28,43 +28,43 @@ constant constexpr int kMatvecTokenTile = 8;
 namespace {
 
 struct RowQ5K {
-  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+  static void lane(device const uchar* row, int64_t cols, int lane, device const float* x, int64_t ldx, int nt,
                    thread float* acc) {
     canon_lane_kquant<LaneQ5K>((device const BlockQ5_K*)row, cols / kQK_K, lane, x, ldx, nt, acc);
   }
 };
 struct RowQ4K {
-  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+  static void lane(device const uchar* row, int64_t cols, int lane, device const float* x, int64_t ldx, int nt,
                    thread float* acc) {
     canon_lane_kquant<LaneQ4K>((device const BlockQ4_K*)row, cols / kQK_K, lane, x, ldx, nt, acc);
   }
 };
 struct RowQ6K {
-  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+  static void lane(device const uchar* row, int64_t cols, int lane, device const float* x, int64_t ldx, int nt,
                    thread float* acc) {
     canon_lane_kquant<LaneQ6K>((device const BlockQ6_K*)row, cols / kQK_K, lane, x, ldx, nt, acc);
   }
 };
 struct RowQ80 {
-  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+  static void lane(device const uchar* row, int64_t cols, int lane, device const float* x, int64_t ldx, int nt,
                    thread float* acc) {
     canon_lane_q8_0((device const BlockQ8_0*)row, cols / kQK8_0, lane, x, ldx, nt, acc);
   }
 };
 struct RowF32 {
-  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+  static void lane(device const uchar* row, int64_t cols, int lane, device const float* x, int64_t ldx, int nt,
                    thread float* acc) {
     canon_lane_float<WidenF32>((device const float*)row, cols, lane, x, ldx, nt, acc);
   }
 };
 struct RowF16 {
-  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+  static void lane(device const uchar* row, int64_t cols, int lane, device const float* x, int64_t ldx, int nt,
                    thread float* acc) {
     canon_lane_float<WidenF16>((device const ushort*)row, cols, lane, x, ldx, nt, acc);
   }
 };
 struct RowBF16 {
-  static void lane(device const uchar* row, int64_t cols, ushort lane, device const float* x, int64_t ldx, int nt,
+  static void lane(device const uchar* row, int64_t cols, int lane, device const float* x, int64_t ldx, int nt,
                    thread float* acc) {
     canon_lane_float<WidenBF16>((device const ushort*)row, cols, lane, x, ldx, nt, acc);
   }
@@ -100,14 +100,13 @@ struct DecFloat {
   static constant constexpr int kElems = 1;
   static void block(device const uchar* row, int64_t b, thread float* out) { out[0] = E::at(((device const T*)row)[b]); }
 };
-
-}  // namespace
+typedef DecFloat<WidenF32, float> DecF32;
+typedef DecFloat<WidenF16, ushort> DecF16;
+typedef DecFloat<WidenBF16, ushort> DecBF16;
 
 template <class Row>
-kernel void matvec_f32(constant MatvecKargs& a [[buffer(0)]], device const uchar* w [[buffer(1)]],
-                       device const float* x [[buffer(2)]], device float* y [[buffer(3)]],
-                       uint group [[threadgroup_position_in_grid]], ushort sg [[simdgroup_index_in_threadgroup]],
-                       ushort lane [[thread_index_in_simdgroup]]) {
+void matvec_f32(constant MatvecKargs& a, device const uchar* w, device const float* x, device float* y, uint group,
+                uint sg, uint lane) {
   const int64_t r = (int64_t)group * kMatvecRowsPerGroup + sg;
   if (r >= a.rows) return;  // a whole SIMD group leaves together
   device const uchar* row = w + r * a.row_bytes;
@@ -115,7 +114,7 @@ kernel void matvec_f32(constant MatvecKargs& a [[buffer(0)]], device const uchar
     const int nt = a.t - t0 < kMatvecTokenTile ? a.t - t0 : kMatvecTokenTile;
     float acc[kMatvecTokenTile];
     for (int k = 0; k < kMatvecTokenTile; ++k) acc[k] = 0.0f;
-    Row::lane(row, a.cols, lane, x + (int64_t)t0 * a.ldx, a.ldx, nt, acc);
+    Row::lane(row, a.cols, (int)lane, x + (int64_t)t0 * a.ldx, a.ldx, nt, acc);
     for (int k = 0; k < nt; ++k) {
       const float v = simd_canon_tree(acc[k], lane);
       if (lane == 0) y[(int64_t)(t0 + k) * a.ldy + r] = v;
@@ -123,19 +122,9 @@ kernel void matvec_f32(constant MatvecKargs& a [[buffer(0)]], device const uchar
   }
 }
 
-typedef decltype(matvec_f32<RowQ5K>) matvec_t;
-MUSER_KERNEL_INSTANCE("matvec_q5_K_f32", matvec_t, matvec_f32<RowQ5K>)
-MUSER_KERNEL_INSTANCE("matvec_q4_K_f32", matvec_t, matvec_f32<RowQ4K>)
-MUSER_KERNEL_INSTANCE("matvec_q6_K_f32", matvec_t, matvec_f32<RowQ6K>)
-MUSER_KERNEL_INSTANCE("matvec_q8_0_f32", matvec_t, matvec_f32<RowQ80>)
-MUSER_KERNEL_INSTANCE("matvec_f32_f32", matvec_t, matvec_f32<RowF32>)
-MUSER_KERNEL_INSTANCE("matvec_f16_f32", matvec_t, matvec_f32<RowF16>)
-MUSER_KERNEL_INSTANCE("matvec_bf16_f32", matvec_t, matvec_f32<RowBF16>)
-
 template <class Dec>
-kernel void matvec_ref_f32(constant MatvecKargs& a [[buffer(0)]], device const uchar* w [[buffer(1)]],
-                           device const float* x [[buffer(2)]], device float* y [[buffer(3)]],
-                           uint pos [[thread_position_in_grid]]) {
+void matvec_ref_f32(constant MatvecKargs& a, device const uchar* w, device const float* x, device float* y,
+                    uint pos) {
   const int64_t r = (int64_t)pos % a.rows, k = (int64_t)pos / a.rows;
   if (k >= a.t) return;
   device const uchar* row = w + r * a.row_bytes;
@@ -152,11 +141,30 @@ kernel void matvec_ref_f32(constant MatvecKargs& a [[buffer(0)]], device const u
   y[k * a.ldy + r] = acc;
 }
 
-typedef decltype(matvec_ref_f32<DecQ5K>) matvec_ref_t;
-MUSER_KERNEL_INSTANCE("matvec_ref_q5_K_f32", matvec_ref_t, matvec_ref_f32<DecQ5K>)
-MUSER_KERNEL_INSTANCE("matvec_ref_q4_K_f32", matvec_ref_t, matvec_ref_f32<DecQ4K>)
-MUSER_KERNEL_INSTANCE("matvec_ref_q6_K_f32", matvec_ref_t, matvec_ref_f32<DecQ6K>)
-MUSER_KERNEL_INSTANCE("matvec_ref_q8_0_f32", matvec_ref_t, matvec_ref_f32<DecQ80>)
-MUSER_KERNEL_INSTANCE("matvec_ref_f32_f32", matvec_ref_t, matvec_ref_f32<DecFloat<WidenF32, float>>)
-MUSER_KERNEL_INSTANCE("matvec_ref_f16_f32", matvec_ref_t, matvec_ref_f32<DecFloat<WidenF16, ushort>>)
-MUSER_KERNEL_INSTANCE("matvec_ref_bf16_f32", matvec_ref_t, matvec_ref_f32<DecFloat<WidenBF16, ushort>>)
+}  // namespace
+
+#define MUSER_MATVEC_ARGS                                                                                \
+  MUSER_ARG_CONSTANT(MatvecKargs, a, 0), MUSER_ARG_BUFFER_IN(uchar, w, 1), MUSER_ARG_BUFFER_IN(float, x, 2), \
+      MUSER_ARG_BUFFER_OUT(float, y, 3)
+#define MUSER_MATVEC_KERNEL(name, Row)                                                        \
+  MUSER_KERNEL(name, MUSER_MATVEC_ARGS, MUSER_ARG_TGID(group), MUSER_ARG_SGID(sg), MUSER_ARG_LANE(lane)) { \
+    matvec_f32<Row>(a, w, x, y, group, sg, lane);                                             \
+  }
+#define MUSER_MATVEC_REF_KERNEL(name, Dec) \
+  MUSER_KERNEL(name, MUSER_MATVEC_ARGS, MUSER_ARG_TID(pos)) { matvec_ref_f32<Dec>(a, w, x, y, pos); }
+
+MUSER_MATVEC_KERNEL(matvec_q5_K_f32, RowQ5K)
+MUSER_MATVEC_KERNEL(matvec_q4_K_f32, RowQ4K)
+MUSER_MATVEC_KERNEL(matvec_q6_K_f32, RowQ6K)
+MUSER_MATVEC_KERNEL(matvec_q8_0_f32, RowQ80)
+MUSER_MATVEC_KERNEL(matvec_f32_f32, RowF32)
+MUSER_MATVEC_KERNEL(matvec_f16_f32, RowF16)
+MUSER_MATVEC_KERNEL(matvec_bf16_f32, RowBF16)
+
+MUSER_MATVEC_REF_KERNEL(matvec_ref_q5_K_f32, DecQ5K)
+MUSER_MATVEC_REF_KERNEL(matvec_ref_q4_K_f32, DecQ4K)
+MUSER_MATVEC_REF_KERNEL(matvec_ref_q6_K_f32, DecQ6K)
+MUSER_MATVEC_REF_KERNEL(matvec_ref_q8_0_f32, DecQ80)
+MUSER_MATVEC_REF_KERNEL(matvec_ref_f32_f32, DecF32)
+MUSER_MATVEC_REF_KERNEL(matvec_ref_f16_f32, DecF16)
+MUSER_MATVEC_REF_KERNEL(matvec_ref_bf16_f32, DecBF16)

@@ -16,9 +16,9 @@
 
 using namespace muser;
 
-kernel void quantize_q8_K(constant Q8MetalKargs& a [[buffer(0)]], device const float* x [[buffer(1)]],
-                          device char* xq [[buffer(2)]], device float* dx [[buffer(3)]],
-                          device int* s32 [[buffer(4)]], uint pos [[thread_position_in_grid]]) {
+MUSER_KERNEL(quantize_q8_K, MUSER_ARG_CONSTANT(Q8MetalKargs, a, 0), MUSER_ARG_BUFFER_IN(float, x, 1),
+             MUSER_ARG_BUFFER_OUT(char, xq, 2), MUSER_ARG_BUFFER_OUT(float, dx, 3), MUSER_ARG_BUFFER_OUT(int, s32, 4),
+             MUSER_ARG_TID(pos)) {
   const int64_t b = (int64_t)pos % a.blocks, k = (int64_t)pos / a.blocks;
   if (k >= a.t) return;
   device char* q = xq + k * a.cols + b * kQK_K;
@@ -30,9 +30,8 @@ kernel void quantize_q8_K(constant Q8MetalKargs& a [[buffer(0)]], device const f
   }
 }
 
-kernel void quantize_q8_0(constant Q8MetalKargs& a [[buffer(0)]], device const float* x [[buffer(1)]],
-                          device char* xq [[buffer(2)]], device float* dx [[buffer(3)]],
-                          uint pos [[thread_position_in_grid]]) {
+MUSER_KERNEL(quantize_q8_0, MUSER_ARG_CONSTANT(Q8MetalKargs, a, 0), MUSER_ARG_BUFFER_IN(float, x, 1),
+             MUSER_ARG_BUFFER_OUT(char, xq, 2), MUSER_ARG_BUFFER_OUT(float, dx, 3), MUSER_ARG_TID(pos)) {
   const int64_t b = (int64_t)pos % a.blocks, k = (int64_t)pos / a.blocks;
   if (k >= a.t) return;
   const uint16_t d = q8_quantize_block_q8_0(x + k * a.ldx + b * kQK8_0, (device int8_t*)(xq + k * a.cols + b * kQK8_0));
@@ -43,13 +42,9 @@ namespace {
 
 enum Q8Weights { kQ5K, kQ4K, kQ6K, kQ80 };
 
-}  // namespace
-
 template <int kW>
-kernel void matvec_q8(constant MatvecKargs& a [[buffer(0)]], device const uchar* w [[buffer(1)]],
-                      device const char* xq [[buffer(2)]], device const float* dx [[buffer(3)]],
-                      device const int* s32 [[buffer(4)]], device float* y [[buffer(5)]],
-                      constant Q8MetalKargs& q [[buffer(6)]], uint pos [[thread_position_in_grid]]) {
+void matvec_q8(constant MatvecKargs& a, device const uchar* w, device const char* xq, device const float* dx,
+               device const int* s32, device float* y, constant Q8MetalKargs& q, uint pos) {
   const int64_t r = (int64_t)pos % a.rows, k = (int64_t)pos / a.rows;
   if (k >= a.t) return;
   device const uchar* row = w + r * a.row_bytes;
@@ -77,8 +72,16 @@ kernel void matvec_q8(constant MatvecKargs& a [[buffer(0)]], device const uchar*
   y[k * a.ldy + r] = (kW == kQ5K || kW == kQ4K) ? q8_kquant45_result(sum_q, sum_m) : sum_q;
 }
 
-typedef decltype(matvec_q8<kQ5K>) matvec_q8_t;
-MUSER_KERNEL_INSTANCE("matvec_q5_K_q8_K", matvec_q8_t, matvec_q8<kQ5K>)
-MUSER_KERNEL_INSTANCE("matvec_q4_K_q8_K", matvec_q8_t, matvec_q8<kQ4K>)
-MUSER_KERNEL_INSTANCE("matvec_q6_K_q8_K", matvec_q8_t, matvec_q8<kQ6K>)
-MUSER_KERNEL_INSTANCE("matvec_q8_0_q8_0", matvec_q8_t, matvec_q8<kQ80>)
+}  // namespace
+
+#define MUSER_MATVEC_Q8_KERNEL(name, kind)                                                                   \
+  MUSER_KERNEL(name, MUSER_ARG_CONSTANT(MatvecKargs, a, 0), MUSER_ARG_BUFFER_IN(uchar, w, 1),               \
+               MUSER_ARG_BUFFER_IN(char, xq, 2), MUSER_ARG_BUFFER_IN(float, dx, 3), MUSER_ARG_BUFFER_IN(int, s32, 4), \
+               MUSER_ARG_BUFFER_OUT(float, y, 5), MUSER_ARG_CONSTANT(Q8MetalKargs, q, 6), MUSER_ARG_TID(pos)) {  \
+    matvec_q8<kind>(a, w, xq, dx, s32, y, q, pos);                                                           \
+  }
+
+MUSER_MATVEC_Q8_KERNEL(matvec_q5_K_q8_K, kQ5K)
+MUSER_MATVEC_Q8_KERNEL(matvec_q4_K_q8_K, kQ4K)
+MUSER_MATVEC_Q8_KERNEL(matvec_q6_K_q8_K, kQ6K)
+MUSER_MATVEC_Q8_KERNEL(matvec_q8_0_q8_0, kQ80)

@@ -19,18 +19,19 @@ using namespace muser;
 
 constant constexpr int kTopkPerLane = kTopkChunk / 32;
 
+namespace {
+
 template <bool kFromLogits>
-kernel void topk_stage(constant TopkKargs& a [[buffer(0)]], device const void* in [[buffer(1)]],
-                       device ulong* keys_out [[buffer(2)]], uint group [[threadgroup_position_in_grid]],
-                       ushort lane [[thread_index_in_simdgroup]]) {
+void topk_stage(constant TopkKargs& a, device const float* logits, device const ulong* keys_in,
+                device ulong* keys_out, uint group, uint lane) {
   const int64_t chunk = (int64_t)group % a.chunks, row = (int64_t)group / a.chunks;
   const int64_t base = chunk * kTopkChunk;
   ulong item[kTopkPerLane];
   for (int i = 0; i < kTopkPerLane; ++i) {
     const int64_t j = base + i * 32 + lane;
     if (j >= a.n) item[i] = 0;  // below every real key
-    else if (kFromLogits) item[i] = topk_key(((device const float*)in)[row * a.n + j], j);
-    else item[i] = ((device const ulong*)in)[row * a.n + j];
+    else if (kFromLogits) item[i] = topk_key(logits[row * a.n + j], j);
+    else item[i] = keys_in[row * a.n + j];
   }
   ulong limit = ~(ulong)0;
   device ulong* out = keys_out + (row * a.chunks + chunk) * a.k;
@@ -49,13 +50,21 @@ kernel void topk_stage(constant TopkKargs& a [[buffer(0)]], device const void* i
   }
 }
 
-typedef decltype(topk_stage<true>) topk_stage_t;
-MUSER_KERNEL_INSTANCE("topk_stage_f32", topk_stage_t, topk_stage<true>)
-MUSER_KERNEL_INSTANCE("topk_stage_keys", topk_stage_t, topk_stage<false>)
+}  // namespace
 
-kernel void topk_gather_f32(constant TopkKargs& a [[buffer(0)]], device const ulong* keys [[buffer(1)]],
-                            device const float* logits [[buffer(2)]], device long* ids [[buffer(3)]],
-                            device float* vals [[buffer(4)]], uint pos [[thread_position_in_grid]]) {
+MUSER_KERNEL(topk_stage_f32, MUSER_ARG_CONSTANT(TopkKargs, a, 0), MUSER_ARG_BUFFER_IN(float, logits, 1),
+             MUSER_ARG_BUFFER_OUT(ulong, keys_out, 2), MUSER_ARG_TGID(group), MUSER_ARG_LANE(lane)) {
+  topk_stage<true>(a, logits, nullptr, keys_out, group, lane);
+}
+
+MUSER_KERNEL(topk_stage_keys, MUSER_ARG_CONSTANT(TopkKargs, a, 0), MUSER_ARG_BUFFER_IN(ulong, keys_in, 1),
+             MUSER_ARG_BUFFER_OUT(ulong, keys_out, 2), MUSER_ARG_TGID(group), MUSER_ARG_LANE(lane)) {
+  topk_stage<false>(a, nullptr, keys_in, keys_out, group, lane);
+}
+
+MUSER_KERNEL(topk_gather_f32, MUSER_ARG_CONSTANT(TopkKargs, a, 0), MUSER_ARG_BUFFER_IN(ulong, keys, 1),
+             MUSER_ARG_BUFFER_IN(float, logits, 2), MUSER_ARG_BUFFER_OUT(long, ids, 3),
+             MUSER_ARG_BUFFER_OUT(float, vals, 4), MUSER_ARG_TID(pos)) {
   const int64_t j = (int64_t)pos % a.k, row = (int64_t)pos / a.k;
   if (row >= a.rows) return;
   const int64_t id = topk_key_id(keys[row * a.k + j]);
