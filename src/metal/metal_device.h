@@ -118,4 +118,10 @@ PipelineStats pipeline_stats(Context* ctx);
 // 0) of every later run; -1 restores them. Proves the emulator's hazard check.
 void test_drop_barrier(Context* ctx, int n);
 
+// ---- process-wide test hooks of the device (metal_device.cpp) ----
+void test_set_drop_barrier(int n);               // test_drop_barrier on every later run of every Metal head
+void test_set_max_buffer_length(uint64_t bytes); // views of the weight at most this long (0: the device's own)
+uint64_t test_pipelines_built();                 // pipeline states the last-used context has created
+uint64_t test_weight_views();                    // MTLBuffers the last prepared weight was wrapped in
+
 }  // namespace muser::metal
