@@ -3,7 +3,10 @@
 # each `#include "..."` of a project header replaced by that header's text
 # (one it cannot find -- the emulator's, inside #if MUSER_METAL_EMULATOR -- kept),
 # each header once (they are all #pragma once). <metal_stdlib> stays.
-#   cmake -DOUT=<file.cpp> -DINCLUDE_DIRS="<dir>;<dir>" -DKERNELS="<a.metal>;<b.metal>" -P embed_library.cmake
+#   cmake -DOUT=<file.cpp> -DINCLUDE_DIRS="<dir>|<dir>" -DKERNELS="<a.metal>|<b.metal>" -P embed_library.cmake
+# ('|' separates list items: a ';' would split the command line of a custom command)
+string(REPLACE "|" ";" INCLUDE_DIRS "${INCLUDE_DIRS}")
+string(REPLACE "|" ";" KERNELS "${KERNELS}")
 set(MUSER_EMBEDDED "")
 set(MUSER_SEEN "")
 function(muser_inline path)
@@ -19,7 +22,8 @@ function(muser_inline path)
   string(REPLACE "\\" "@MUSER_BS@" text "${text}")
   string(REPLACE ";" "@MUSER_SC@" text "${text}")
   string(REPLACE "\n" ";" lines "${text}")
-  set(out "${MUSER_EMBEDDED}// ---- ${path}\n")
+  get_filename_component(name "${path}" NAME)
+  set(out "${MUSER_EMBEDDED}// ---- ${name}\n")
   foreach(line IN LISTS lines)
     if(line MATCHES "^[ \t]*#[ \t]*include[ \t]+\"([^\"]+)\"")
       set(inc "${CMAKE_MATCH_1}")

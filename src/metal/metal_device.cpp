@@ -388,7 +388,7 @@ class MetalDevice final : public Device {
 
   void submit(const std::vector<StepEncoding>& steps, std::vector<double>* secs) {
     test_drop_barrier(ctx(), g_drop_barrier.load());
-    check(run(ctx(), steps, secs), "running the route");
+    check(metal::run(ctx(), steps, secs), "running the route");
     g_pipelines_built = pipeline_stats(ctx()).built;
   }
 

@@ -14,7 +14,11 @@
 // macos15() and MUSER_MACOS_AVAILABLE (muser_os_version.h), which the
 // emulator answers as a test sets it, so the pre-macOS-15 path runs too.
 #import <Foundation/Foundation.h>
+#if defined(MUSER_METAL_OWN_API)
+#import "Metal.h"  // the project's declarations of the subset used (src/metal/metal_api/)
+#else
 #import <Metal/Metal.h>
+#endif
 
 #include "muser_os_version.h"
 
