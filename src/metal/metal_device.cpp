@@ -42,6 +42,9 @@ std::atomic<int> g_drop_barrier{-1};
 std::atomic<uint64_t> g_max_buffer_override{0};
 std::atomic<uint64_t> g_pipelines_built{0};
 std::atomic<uint64_t> g_weight_views{0};
+std::mutex g_test_mutex;
+std::string g_source_override;            // test_set_library_source: the next device compiles this
+std::map<uintptr_t, size_t> g_live_buffers;  // contents -> length of every buffer handed out (zero-copy test)
 
 void check(const Status& s, const std::string& what) {
   if (!s.ok) throw DeviceError("device 'metal': " + what + ": " + s.message);
@@ -70,12 +73,20 @@ struct Shared {
     std::lock_guard<std::mutex> lock(mutex);
     Buffer& slot = by_contents[b.contents];
     slot = b;
+    {
+      std::lock_guard<std::mutex> g(g_test_mutex);
+      g_live_buffers[(uintptr_t)b.contents] = b.length;
+    }
     return &slot;
   }
   void drop(const void* p) {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = by_contents.find(p);
     if (it == by_contents.end()) return;
+    {
+      std::lock_guard<std::mutex> g(g_test_mutex);
+      g_live_buffers.erase((uintptr_t)p);
+    }
     release_buffer(&it->second);
     by_contents.erase(it);
   }
@@ -131,6 +142,14 @@ class MetalDevice final : public Device {
     CreateOptions o;
     o.metallib_path = metallib_path();
     o.source = kLibrarySource;
+    {
+      std::lock_guard<std::mutex> g(g_test_mutex);
+      if (!g_source_override.empty()) {
+        o.source = g_source_override;
+        o.metallib_path.clear();
+        g_source_override.clear();
+      }
+    }
     Context* ctx = nullptr;
     check(create(o, &ctx), "creating the Metal device");
     shared_->ctx = ctx;
@@ -524,6 +543,15 @@ void test_set_drop_barrier(int n) { g_drop_barrier = n; }
 void test_set_max_buffer_length(uint64_t bytes) { g_max_buffer_override = bytes; }
 uint64_t test_pipelines_built() { return g_pipelines_built.load(); }
 uint64_t test_weight_views() { return g_weight_views.load(); }
+void test_set_library_source(const std::string& source) {
+  std::lock_guard<std::mutex> g(g_test_mutex);
+  g_source_override = source;
+}
+size_t test_buffer_length_at(const void* contents) {
+  std::lock_guard<std::mutex> g(g_test_mutex);
+  auto it = g_live_buffers.find((uintptr_t)contents);
+  return it == g_live_buffers.end() ? 0 : it->second;
+}
 
 }  // namespace metal
 

@@ -25,6 +25,10 @@ void bind_metal(nb::module_& m) {
         "Test only: every later Metal run omits the barrier before its n-th dispatch (-1: none omitted).");
   m.def("_metal_test_max_buffer_length", [](uint64_t bytes) { metal::test_set_max_buffer_length(bytes); },
         nb::arg("bytes"), "Test only: Metal heads loaded later wrap the weight in views of at most this many bytes.");
+  m.def("_metal_test_library_source", [](const std::string& s) { metal::test_set_library_source(s); },
+        "Test only: the next Metal device compiles this library source.");
+  m.def("_metal_test_buffer_length_at", [](uintptr_t p) { return metal::test_buffer_length_at((const void*)p); },
+        "Test only: the length of the live MTLBuffer whose contents start at this address (0: none).");
   m.def("_metal_test_stats", [] {
     nb::dict d;
     d["pipelines_built"] = metal::test_pipelines_built();

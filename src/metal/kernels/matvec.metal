@@ -146,25 +146,22 @@ void matvec_ref_f32(constant MatvecKargs& a, device const uchar* w, device const
 #define MUSER_MATVEC_ARGS                                                                                \
   MUSER_ARG_CONSTANT(MatvecKargs, a, 0), MUSER_ARG_BUFFER_IN(uchar, w, 1), MUSER_ARG_BUFFER_IN(float, x, 2), \
       MUSER_ARG_BUFFER_OUT(float, y, 3)
-#define MUSER_MATVEC_KERNEL(name, Row)                                                        \
-  MUSER_KERNEL(name, MUSER_MATVEC_ARGS, MUSER_ARG_TGID(group), MUSER_ARG_SGID(sg), MUSER_ARG_LANE(lane)) { \
-    matvec_f32<Row>(a, w, x, y, group, sg, lane);                                             \
-  }
-#define MUSER_MATVEC_REF_KERNEL(name, Dec) \
-  MUSER_KERNEL(name, MUSER_MATVEC_ARGS, MUSER_ARG_TID(pos)) { matvec_ref_f32<Dec>(a, w, x, y, pos); }
+// Each kernel spelled out: the emulator finds a library's kernels by their MUSER_KERNEL(name, ...) lines.
+#define MUSER_CANON_ARGS MUSER_MATVEC_ARGS, MUSER_ARG_TGID(group), MUSER_ARG_SGID(sg), MUSER_ARG_LANE(lane)
+#define MUSER_REF_ARGS MUSER_MATVEC_ARGS, MUSER_ARG_TID(pos)
 
-MUSER_MATVEC_KERNEL(matvec_q5_K_f32, RowQ5K)
-MUSER_MATVEC_KERNEL(matvec_q4_K_f32, RowQ4K)
-MUSER_MATVEC_KERNEL(matvec_q6_K_f32, RowQ6K)
-MUSER_MATVEC_KERNEL(matvec_q8_0_f32, RowQ80)
-MUSER_MATVEC_KERNEL(matvec_f32_f32, RowF32)
-MUSER_MATVEC_KERNEL(matvec_f16_f32, RowF16)
-MUSER_MATVEC_KERNEL(matvec_bf16_f32, RowBF16)
+MUSER_KERNEL(matvec_q5_K_f32, MUSER_CANON_ARGS) { matvec_f32<RowQ5K>(a, w, x, y, group, sg, lane); }
+MUSER_KERNEL(matvec_q4_K_f32, MUSER_CANON_ARGS) { matvec_f32<RowQ4K>(a, w, x, y, group, sg, lane); }
+MUSER_KERNEL(matvec_q6_K_f32, MUSER_CANON_ARGS) { matvec_f32<RowQ6K>(a, w, x, y, group, sg, lane); }
+MUSER_KERNEL(matvec_q8_0_f32, MUSER_CANON_ARGS) { matvec_f32<RowQ80>(a, w, x, y, group, sg, lane); }
+MUSER_KERNEL(matvec_f32_f32, MUSER_CANON_ARGS) { matvec_f32<RowF32>(a, w, x, y, group, sg, lane); }
+MUSER_KERNEL(matvec_f16_f32, MUSER_CANON_ARGS) { matvec_f32<RowF16>(a, w, x, y, group, sg, lane); }
+MUSER_KERNEL(matvec_bf16_f32, MUSER_CANON_ARGS) { matvec_f32<RowBF16>(a, w, x, y, group, sg, lane); }
 
-MUSER_MATVEC_REF_KERNEL(matvec_ref_q5_K_f32, DecQ5K)
-MUSER_MATVEC_REF_KERNEL(matvec_ref_q4_K_f32, DecQ4K)
-MUSER_MATVEC_REF_KERNEL(matvec_ref_q6_K_f32, DecQ6K)
-MUSER_MATVEC_REF_KERNEL(matvec_ref_q8_0_f32, DecQ80)
-MUSER_MATVEC_REF_KERNEL(matvec_ref_f32_f32, DecF32)
-MUSER_MATVEC_REF_KERNEL(matvec_ref_f16_f32, DecF16)
-MUSER_MATVEC_REF_KERNEL(matvec_ref_bf16_f32, DecBF16)
+MUSER_KERNEL(matvec_ref_q5_K_f32, MUSER_REF_ARGS) { matvec_ref_f32<DecQ5K>(a, w, x, y, pos); }
+MUSER_KERNEL(matvec_ref_q4_K_f32, MUSER_REF_ARGS) { matvec_ref_f32<DecQ4K>(a, w, x, y, pos); }
+MUSER_KERNEL(matvec_ref_q6_K_f32, MUSER_REF_ARGS) { matvec_ref_f32<DecQ6K>(a, w, x, y, pos); }
+MUSER_KERNEL(matvec_ref_q8_0_f32, MUSER_REF_ARGS) { matvec_ref_f32<DecQ80>(a, w, x, y, pos); }
+MUSER_KERNEL(matvec_ref_f32_f32, MUSER_REF_ARGS) { matvec_ref_f32<DecF32>(a, w, x, y, pos); }
+MUSER_KERNEL(matvec_ref_f16_f32, MUSER_REF_ARGS) { matvec_ref_f32<DecF16>(a, w, x, y, pos); }
+MUSER_KERNEL(matvec_ref_bf16_f32, MUSER_REF_ARGS) { matvec_ref_f32<DecBF16>(a, w, x, y, pos); }

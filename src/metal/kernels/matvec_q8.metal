@@ -74,14 +74,13 @@ void matvec_q8(constant MatvecKargs& a, device const uchar* w, device const char
 
 }  // namespace
 
-#define MUSER_MATVEC_Q8_KERNEL(name, kind)                                                                   \
-  MUSER_KERNEL(name, MUSER_ARG_CONSTANT(MatvecKargs, a, 0), MUSER_ARG_BUFFER_IN(uchar, w, 1),               \
-               MUSER_ARG_BUFFER_IN(char, xq, 2), MUSER_ARG_BUFFER_IN(float, dx, 3), MUSER_ARG_BUFFER_IN(int, s32, 4), \
-               MUSER_ARG_BUFFER_OUT(float, y, 5), MUSER_ARG_CONSTANT(Q8MetalKargs, q, 6), MUSER_ARG_TID(pos)) {  \
-    matvec_q8<kind>(a, w, xq, dx, s32, y, q, pos);                                                           \
-  }
+// Each kernel spelled out: the emulator finds a library's kernels by their MUSER_KERNEL(name, ...) lines.
+#define MUSER_MATVEC_Q8_ARGS                                                                                   \
+  MUSER_ARG_CONSTANT(MatvecKargs, a, 0), MUSER_ARG_BUFFER_IN(uchar, w, 1), MUSER_ARG_BUFFER_IN(char, xq, 2),     \
+      MUSER_ARG_BUFFER_IN(float, dx, 3), MUSER_ARG_BUFFER_IN(int, s32, 4), MUSER_ARG_BUFFER_OUT(float, y, 5), \
+      MUSER_ARG_CONSTANT(Q8MetalKargs, q, 6), MUSER_ARG_TID(pos)
 
-MUSER_MATVEC_Q8_KERNEL(matvec_q5_K_q8_K, kQ5K)
-MUSER_MATVEC_Q8_KERNEL(matvec_q4_K_q8_K, kQ4K)
-MUSER_MATVEC_Q8_KERNEL(matvec_q6_K_q8_K, kQ6K)
-MUSER_MATVEC_Q8_KERNEL(matvec_q8_0_q8_0, kQ80)
+MUSER_KERNEL(matvec_q5_K_q8_K, MUSER_MATVEC_Q8_ARGS) { matvec_q8<kQ5K>(a, w, xq, dx, s32, y, q, pos); }
+MUSER_KERNEL(matvec_q4_K_q8_K, MUSER_MATVEC_Q8_ARGS) { matvec_q8<kQ4K>(a, w, xq, dx, s32, y, q, pos); }
+MUSER_KERNEL(matvec_q6_K_q8_K, MUSER_MATVEC_Q8_ARGS) { matvec_q8<kQ6K>(a, w, xq, dx, s32, y, q, pos); }
+MUSER_KERNEL(matvec_q8_0_q8_0, MUSER_MATVEC_Q8_ARGS) { matvec_q8<kQ80>(a, w, xq, dx, s32, y, q, pos); }

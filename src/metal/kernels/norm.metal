@@ -36,17 +36,16 @@ void norm_row(constant NormKargs& a, device const float* x, device float* y, dev
 
 }  // namespace
 
-#define MUSER_NORM_KERNEL(name, kind)                                                                  \
-  MUSER_KERNEL(name, MUSER_ARG_CONSTANT(NormKargs, a, 0), MUSER_ARG_BUFFER_IN(float, x, 1),           \
-               MUSER_ARG_BUFFER_OUT(float, y, 2), MUSER_ARG_BUFFER_IN(float, gamma, 3), MUSER_ARG_TGID(row), \
-               MUSER_ARG_LANE(lane)) {                                                                 \
-    norm_row<kind>(a, x + (int64_t)row * a.ld, y + (int64_t)row * a.ld, gamma, lane);                  \
-  }
+// Each kernel spelled out: the emulator finds a library's kernels by their MUSER_KERNEL(name, ...) lines.
+#define MUSER_NORM_ARGS                                                                              \
+  MUSER_ARG_CONSTANT(NormKargs, a, 0), MUSER_ARG_BUFFER_IN(float, x, 1), MUSER_ARG_BUFFER_OUT(float, y, 2), \
+      MUSER_ARG_BUFFER_IN(float, gamma, 3), MUSER_ARG_TGID(row), MUSER_ARG_LANE(lane)
+#define MUSER_NORM_CALL(kind) norm_row<kind>(a, x + (int64_t)row * a.ld, y + (int64_t)row * a.ld, gamma, lane)
 
-MUSER_NORM_KERNEL(rms_norm_canon_f32, kRmsCanon)
-MUSER_NORM_KERNEL(rms_norm_f32, kRmsF32)
-MUSER_NORM_KERNEL(layer_norm_canon_f32, kLayerCanon)
-MUSER_NORM_KERNEL(layer_norm_f32, kLayerF32)
+MUSER_KERNEL(rms_norm_canon_f32, MUSER_NORM_ARGS) { MUSER_NORM_CALL(kRmsCanon); }
+MUSER_KERNEL(rms_norm_f32, MUSER_NORM_ARGS) { MUSER_NORM_CALL(kRmsF32); }
+MUSER_KERNEL(layer_norm_canon_f32, MUSER_NORM_ARGS) { MUSER_NORM_CALL(kLayerCanon); }
+MUSER_KERNEL(layer_norm_f32, MUSER_NORM_ARGS) { MUSER_NORM_CALL(kLayerF32); }
 
 // y[k * ld + i] *= gamma[i], one element per thread.
 MUSER_KERNEL(mul_gamma_f32, MUSER_ARG_CONSTANT(NormKargs, a, 0), MUSER_ARG_BUFFER_INOUT(float, y, 2),
