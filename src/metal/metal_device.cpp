@@ -466,7 +466,9 @@ class MetalDevice final : public Device {
         d.threads = 64;
         out->push_back(d);
       }
-      // one dispatch per weight view; the views' rows are disjoint, so no barrier between them
+      // one dispatch per weight view. Their logits are disjoint bytes, but with t > 1 each view's
+      // span of rows repeats per token, so the write extents interleave: a barrier between views
+      // (a view holds up to maxBufferLength of weight, so there are few)
       for (size_t i = 0; i < views_.size(); ++i) {
         const View& v = *views_[i];
         MatvecKargs a;
@@ -480,7 +482,7 @@ class MetalDevice final : public Device {
         Dispatch d;
         d.kernel = k.back();
         d.bytes = {Bytes::of(a, 0)};
-        d.barrier_before = q8 && i == 0;
+        d.barrier_before = i > 0 || q8;
         const uint64_t y_off = (uint64_t)v.row0 * sizeof(float);
         if (q8) {
           d.buffers = {{&v.mem.buf, v.offset, 1, Access::Read}, {&xq_.buf, 0, 2, Access::Read},
