@@ -164,6 +164,21 @@ def test_weight_split_into_views(head_file):
     assert_bitwise(gpu(x), cpu(x).copy(), "weight in several views")
 
 
+@pytest.mark.skipif(not EMULATED, reason="sets the emulated device's page size")
+@pytest.mark.parametrize("mmap", (True, False))
+def test_weights_wrapped_without_a_copy(head_file, mmap):
+    # the emulator demands 16 KiB pages by default (Apple silicon's); Linux maps
+    # files on 4 KiB pages, so the test device takes the host's page
+    import mmap as _mmap
+    _core._metal_emu_set_page_size(_mmap.PAGESIZE)
+    path = head_file("Q6_K")
+    cpu = muser.Head.load(path, device="cpu", route="canonical")
+    gpu = muser.Head.load(path, device="metal", route="canonical", mmap=mmap)
+    assert _core._metal_test_stats()["weights_no_copy"]  # newBufferWithBytesNoCopy on the GGUF's pages
+    x = hidden_states(SHAPES["Q6_K"], 3)
+    assert_bitwise(gpu(x), cpu(x).copy(), "weights read in place")
+
+
 @pytest.mark.parametrize("k", (1, 5, 600))
 def test_topk_on_device_equals_cpu(head_file, k):
     path = head_file("Q8_0")

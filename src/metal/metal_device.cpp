@@ -42,6 +42,7 @@ std::atomic<int> g_drop_barrier{-1};
 std::atomic<uint64_t> g_max_buffer_override{0};
 std::atomic<uint64_t> g_pipelines_built{0};
 std::atomic<uint64_t> g_weight_views{0};
+std::atomic<bool> g_weights_no_copy{false};
 std::mutex g_test_mutex;
 std::string g_source_override;            // test_set_library_source: the next device compiles this
 std::map<uintptr_t, size_t> g_live_buffers;  // contents -> length of every buffer handed out (zero-copy test)
@@ -364,6 +365,7 @@ class MetalDevice final : public Device {
       }
     }
     g_weight_views = views_.size();
+    g_weights_no_copy = weights_no_copy_;
   }
 
   // Encodes every planned step and waits; returns the buffer holding the logits.
@@ -545,6 +547,7 @@ void test_set_drop_barrier(int n) { g_drop_barrier = n; }
 void test_set_max_buffer_length(uint64_t bytes) { g_max_buffer_override = bytes; }
 uint64_t test_pipelines_built() { return g_pipelines_built.load(); }
 uint64_t test_weight_views() { return g_weight_views.load(); }
+bool test_weights_no_copy() { return g_weights_no_copy.load(); }
 void test_set_library_source(const std::string& source) {
   std::lock_guard<std::mutex> g(g_test_mutex);
   g_source_override = source;

@@ -123,6 +123,7 @@ void test_set_drop_barrier(int n);               // test_drop_barrier on every l
 void test_set_max_buffer_length(uint64_t bytes); // views of the weight at most this long (0: the device's own)
 uint64_t test_pipelines_built();                 // pipeline states the last-used context has created
 uint64_t test_weight_views();                    // MTLBuffers the last prepared weight was wrapped in
+bool test_weights_no_copy();                     // whether they wrap the mapping (newBufferWithBytesNoCopy)
 void test_set_library_source(const std::string& source);  // the next device compiles this instead
 size_t test_buffer_length_at(const void* contents);       // length of the live buffer whose contents is here, else 0
 

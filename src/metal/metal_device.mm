@@ -30,6 +30,10 @@
 
 #include "metal_device.h"
 
+#if defined(MUSER_METAL_EMULATOR)
+extern "C" size_t muser_emu_page_size(void);  // tests/metal_emulator/emu_runtime.h
+#endif
+
 #if __has_feature(objc_arc)
 #error "metal_device.mm uses manual retain/release: compile it with -fno-objc-arc"
 #endif
@@ -183,8 +187,12 @@ Status info(Context* ctx, DeviceInfo* out) {
     out->max_buffer_length = (uint64_t)[ctx->device maxBufferLength];
     out->max_threads_per_threadgroup = (uint32_t)[ctx->device maxThreadsPerThreadgroup].width;
     out->unified_memory = [ctx->device hasUnifiedMemory];
+#if defined(MUSER_METAL_EMULATOR)
+    out->page_size = muser_emu_page_size();  // the alignment the emulated device demands (a test setting)
+#else
     // 16 KiB: Apple silicon's page, a multiple of every other Mac's
     out->page_size = (size_t)NSPageSize() > 16384 ? (size_t)NSPageSize() : 16384;
+#endif
     out->library_from_source = ctx->from_source;
     out->safe_math_mode = ctx->safe_math_mode;
   }

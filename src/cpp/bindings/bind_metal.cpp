@@ -33,6 +33,7 @@ void bind_metal(nb::module_& m) {
     nb::dict d;
     d["pipelines_built"] = metal::test_pipelines_built();
     d["weight_views"] = metal::test_weight_views();
+    d["weights_no_copy"] = metal::test_weights_no_copy();
     return d;
   });
 #endif
@@ -43,6 +44,7 @@ void bind_metal(nb::module_& m) {
   m.def("_metal_emu_set_no_device", [](bool v) { muser_metal_emu_set_no_device(v ? 1 : 0); });
   m.def("_metal_emu_last_error", [] { return std::string(muser_metal_emu_last_error()); });
   m.def("_metal_emu_reset", [] { muser_metal_emu_reset(); });
+  m.def("_metal_emu_set_page_size", [](size_t bytes) { muser_metal_emu_set_page_size(bytes); });
 #endif
   (void)m;
 }
