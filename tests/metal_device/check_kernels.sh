@@ -4,12 +4,13 @@
 # kernel_abi.h's MSL signatures (attributes ignored by the host compiler) and
 # as the emulator builds them (MUSER_METAL_EMULATOR). A kernel body that
 # leaves the shared headers' Metal subset fails here, in the default CI,
-# before a Mac. Run by ctest (muser_metal_kernels_shim).
+# before a Mac. C++14: the language MSL is built on. Run by ctest
+# (muser_metal_kernels_shim).
 set -eu
 cd "$(dirname "$0")/../.."
 cxx=${CXX_SHIM:-clang++}
-flags="-std=c++17 -fsyntax-only -nostdinc -nostdinc++ -Wno-unknown-attributes -x c++"
-inc="-I tests/metal_shim -I tests/metal_emulator/include -I src/cpp -I src/metal/kernels"
+flags="-std=c++14 -Werror=c++17-extensions -fsyntax-only -nostdinc -nostdinc++ -Wno-unknown-attributes -x c++"
+inc="-isystem tests/metal_shim -isystem tests/metal_emulator/include -I src/cpp -I src/metal/kernels"
 rc=0
 for f in src/metal/kernels/*.metal; do
   for mode in msl emulator; do

@@ -72,32 +72,32 @@ struct RowBF16 {
 
 // The reference order's row decode: block b of the row into out (its elements).
 struct DecQ5K {
-  static constant constexpr int kElems = kQK_K;
+  enum { kElems = kQK_K };
   static void block(device const uchar* row, int64_t b, thread float* out) {
     dequant_block_q5_k((device const BlockQ5_K*)row + b, out);
   }
 };
 struct DecQ4K {
-  static constant constexpr int kElems = kQK_K;
+  enum { kElems = kQK_K };
   static void block(device const uchar* row, int64_t b, thread float* out) {
     dequant_block_q4_k((device const BlockQ4_K*)row + b, out);
   }
 };
 struct DecQ6K {
-  static constant constexpr int kElems = kQK_K;
+  enum { kElems = kQK_K };
   static void block(device const uchar* row, int64_t b, thread float* out) {
     dequant_block_q6_k((device const BlockQ6_K*)row + b, out);
   }
 };
 struct DecQ80 {
-  static constant constexpr int kElems = kQK8_0;
+  enum { kElems = kQK8_0 };
   static void block(device const uchar* row, int64_t b, thread float* out) {
     dequant_block_q8_0((device const BlockQ8_0*)row + b, out);
   }
 };
 template <class E, class T>
 struct DecFloat {
-  static constant constexpr int kElems = 1;
+  enum { kElems = 1 };
   static void block(device const uchar* row, int64_t b, thread float* out) { out[0] = E::at(((device const T*)row)[b]); }
 };
 typedef DecFloat<WidenF32, float> DecF32;
