@@ -8,24 +8,15 @@
 
 #include "cpu/canon_simd.h"
 #include "cpu/kernels.h"
+#include "cpu/x86_f32_ops.h"
 
 namespace muser::cpu {
 
 namespace {
 
 struct V256 {
-  using F = __m256;
+  MUSER_X86_F32_OPS(__m256, _mm256, 8)
   using M = __m256;  // all-ones / all-zeros lanes
-  static constexpr int kLanes = 8;
-  static F set1(float v) { return _mm256_set1_ps(v); }
-  static F load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
-  static F add(F a, F b) { return _mm256_add_ps(a, b); }
-  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
-  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static F div(F a, F b) { return _mm256_div_ps(a, b); }
-  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  static F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
   static F abs_bits(F a) { return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))); }
   static F sign_bits(F a) { return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))); }
   static F or_bits(F a, F b) { return _mm256_or_ps(a, b); }

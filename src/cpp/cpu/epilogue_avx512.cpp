@@ -8,24 +8,15 @@
 
 #include "cpu/canon_simd.h"
 #include "cpu/kernels.h"
+#include "cpu/x86_f32_ops.h"
 
 namespace muser::cpu {
 
 namespace {
 
 struct V512 {
-  using F = __m512;
+  MUSER_X86_F32_OPS(__m512, _mm512, 16)
   using M = __mmask16;
-  static constexpr int kLanes = 16;
-  static F set1(float v) { return _mm512_set1_ps(v); }
-  static F load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
-  static F add(F a, F b) { return _mm512_add_ps(a, b); }
-  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
-  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static F div(F a, F b) { return _mm512_div_ps(a, b); }
-  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
   static F abs_bits(F a) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff))); }
   static F sign_bits(F a) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN))); }
   static F or_bits(F a, F b) { return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(a), _mm512_castps_si512(b))); }

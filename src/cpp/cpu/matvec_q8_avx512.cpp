@@ -36,6 +36,7 @@
 
 #include "cpu/kernels.h"
 #include "cpu/unpack_avx512.h"
+#include "cpu/x86_f32_ops.h"
 #include "muser/q8_step.h"
 
 namespace muser::cpu {
@@ -44,12 +45,9 @@ namespace {
 
 // muser/q8_step.h's float chain on 16 rows at once (lane i: row i of the tile).
 struct V512 {
-  using F = __m512;
+  MUSER_X86_F32_OPS(__m512, _mm512, 16)
   using I = __m512i;
   static F cvt(I i) { return _mm512_cvtepi32_ps(i); }
-  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
-  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
 };
 
 constexpr int kTileRows = 16;

@@ -67,15 +67,30 @@ MUSER_HD int q6k_quant(B b, int i) {
 // The block decoders walk the layout in its natural order (a qs byte feeds
 // elements 64c+l and 64c+32+l) so that compilers vectorize them; their values
 // are exactly q5k_quant/q4k_quant/q6k_quant's, element by element (tested).
-template <class B, class O>
-MUSER_HD void dequant_block_q5_k(B b, O out /*256*/) {
+// The fifth bit of a K-quant element, placed at bit 4: Q5_K's from qh (bit
+// `shift` of qh[l]), none for Q4_K. A struct, not `if constexpr`: MSL is C++14.
+template <bool kHigh>
+struct KQuantFifthBit {
+  template <class B>
+  static MUSER_HD int of(B, int, int) { return 0; }
+};
+template <>
+struct KQuantFifthBit<true> {
+  template <class B>
+  static MUSER_HD int of(B b, int l, int shift) { return ((b->qh[l] >> shift) & 1) << 4; }
+};
+
+// Q5_K (kHigh) and Q4_K: element 64c+l from the low nibble of qs[32c+l],
+// 64c+32+l from its high nibble, each with its sub-block's (d1, m1).
+template <bool kHigh, class B, class O>
+MUSER_HD void dequant_block_kquant(B b, O out /*256*/) {
   float d1[8], m1[8];
   kquant_sub_scales(b->scales, b->d, b->dmin, d1, m1);
   for (int c = 0; c < 4; ++c) {
     const auto qs = b->qs + 32 * c;
     for (int l = 0; l < 32; ++l) {
-      const int lo = (qs[l] & 0xF) | (((b->qh[l] >> (2 * c)) & 1) << 4);
-      const int hi = (qs[l] >> 4) | (((b->qh[l] >> (2 * c + 1)) & 1) << 4);
+      const int lo = (qs[l] & 0xF) | KQuantFifthBit<kHigh>::of(b, l, 2 * c);
+      const int hi = (qs[l] >> 4) | KQuantFifthBit<kHigh>::of(b, l, 2 * c + 1);
       out[64 * c + l] = d1[2 * c] * (float)lo - m1[2 * c];
       out[64 * c + 32 + l] = d1[2 * c + 1] * (float)hi - m1[2 * c + 1];
     }
@@ -83,16 +98,12 @@ MUSER_HD void dequant_block_q5_k(B b, O out /*256*/) {
 }
 
 template <class B, class O>
+MUSER_HD void dequant_block_q5_k(B b, O out /*256*/) {
+  dequant_block_kquant<true>(b, out);
+}
+template <class B, class O>
 MUSER_HD void dequant_block_q4_k(B b, O out /*256*/) {
-  float d1[8], m1[8];
-  kquant_sub_scales(b->scales, b->d, b->dmin, d1, m1);
-  for (int c = 0; c < 4; ++c) {
-    const auto qs = b->qs + 32 * c;
-    for (int l = 0; l < 32; ++l) {
-      out[64 * c + l] = d1[2 * c] * (float)(qs[l] & 0xF) - m1[2 * c];
-      out[64 * c + 32 + l] = d1[2 * c + 1] * (float)(qs[l] >> 4) - m1[2 * c + 1];
-    }
-  }
+  dequant_block_kquant<false>(b, out);
 }
 
 template <class B, class O>
