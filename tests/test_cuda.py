@@ -225,7 +225,7 @@ def test_topk_ties_go_to_the_lowest_id(heads_dir):
 
 def test_profile_books_the_lm_head_under_its_own_label(heads_dir):
     path = write_head_gguf(heads_dir / "profile.gguf", hidden=1024, vocab=32771, weight_type="Q5_K", seed=2)
-    gpu = muser.Head.load(path, device="cuda", route="graph")
+    gpu = muser.Head.load(path, device="cuda", route="graph", fuse=False)  # every node its own kernel
     x = hidden_states(1024, 1)
     gpu(x)
     prof = gpu.profile(x)
@@ -341,8 +341,22 @@ def test_q8_refuses_float_weights_clearly(head_file, weight_type):
 
 def test_on_device_needs_a_cuda_head(head_file):
     cpu = muser.Head.load(head_file("Q5_K"), device="cpu")
-    with pytest.raises(ValueError, match="CUDA head"):
+    with pytest.raises(ValueError, match="memory of its own"):
         cpu(hidden_states(SHAPES["Q5_K"], 1), on_device=True)
+
+
+@pytest.mark.parametrize("acts", ("f32", "q8"))
+@pytest.mark.parametrize("route", ("graph", "canonical", "fused"))
+def test_the_fused_norm_kernel_gives_the_two_nodes_bytes(head_file, route, acts):
+    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts=acts)
+    plain = muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts=acts, fuse=False)
+    assert gpu.steps[0] == ("final_norm", "final_norm_gamma") and plain.steps[0] == ("final_norm",)
+    assert ("lm_head",) in gpu.steps  # the GPU fuses no epilogue into its matvec
+    for t in (1, 3, 8):
+        x = hidden_states(SHAPES["Q5_K"], t, seed=60 + t)
+        assert_bitwise(gpu(x), plain(x), f"{route} {acts} t={t}")
+        prof = gpu.profile(x)
+        assert [tuple(p.nodes) for p in prof] == gpu.steps
 
 
 # ---- how a call runs: the route as one cached CUDA graph with programmatic dependent launches ----
@@ -350,7 +364,7 @@ def test_on_device_needs_a_cuda_head(head_file):
 def _run_logits(gpu, x, profile: bool) -> np.ndarray:
     """The device logits of one run: profile=False is a call's path (the cached graph,
     kernels overlapping through PDL), profile=True runs each node between its own events."""
-    nd, addr, _ = _core.cuda_run(gpu._core, x, 0, x.shape[0], False, profile, True)
+    nd, addr, _ = _core.device_run(gpu._core, x, 0, x.shape[0], False, profile, True)
     return _core.cuda_copy_to_host(addr, x.shape[0] * gpu.spec.vocab_size).reshape(x.shape[0], -1)
 
 

@@ -145,7 +145,8 @@ def format_table(res: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench's options (shared by bench/cpu_head.py and ``python -m muser bench``)."""
     p.add_argument("--threads", default=None,
-                   help="comma-separated thread counts (default: 1 and every CPU this process may use)")
+                   help="comma-separated thread counts, each 1 to muser.build_info()['max_threads'] "
+                        "(default: 1 and every CPU this process may use)")
     p.add_argument("--tokens", default="1,8", help="comma-separated batch sizes")
     p.add_argument("--routes", default=",".join(ROUTES))
     p.add_argument("--acts", default=",".join(ACTS))
@@ -172,6 +173,12 @@ def run(args: argparse.Namespace) -> int:
     bad = [r for r in routes if r not in ROUTES] + [a for a in acts if a not in ACTS]
     if bad:
         print(f"unknown route/acts {bad}; routes are {ROUTES}, acts {ACTS}", file=sys.stderr)
+        return 2
+    from . import _core
+
+    max_threads = _core.build_info()["max_threads"]
+    if any(not 1 <= n <= max_threads for n in threads):
+        print(f"--threads: each count must be 1 to {max_threads} (muser's maximum); got {threads}", file=sys.stderr)
         return 2
     path = args.file or ensure_file(default_path(**SEED_SHAPE), **SEED_SHAPE)
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))

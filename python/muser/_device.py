@@ -163,23 +163,23 @@ def call(head: Any, hidden: Any, *, on_device: bool, out: Optional[np.ndarray],
     return host
 
 
-def topk(head: Any, hidden: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+def topk(head: Any, hidden: Any, k: int, check_finite: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The k best tokens per row, ranked on the device; only ids and values come back."""
     rows, ptr, t, single = _inputs(head, hidden)
     k = int(k)
     if 0 < head.caps["max_topk"] < k:  # beyond the device kernel's range: rank the host copy
-        logits = call(head, hidden, on_device=False, out=None, check_finite=True)
+        logits = call(head, hidden, on_device=False, out=None, check_finite=check_finite)
         ids, vals = _core.topk_rows(np.ascontiguousarray(logits.reshape(t, -1)), k)
     else:
-        ids, vals = _core.device_topk(head._core, rows, ptr, t, k, True)
+        ids, vals = _core.device_topk(head._core, rows, ptr, t, k, check_finite)
     ids = np.asarray(ids, dtype=np.int64).reshape(t, k)
     vals = np.asarray(vals, dtype=np.float32).reshape(t, k)
     return (ids[0], vals[0]) if single else (ids, vals)
 
 
-def argmax(head: Any, hidden: Any) -> Union[int, np.ndarray]:
+def argmax(head: Any, hidden: Any, check_finite: bool = True) -> Union[int, np.ndarray]:
     """Index of the largest logit per row, found on the device."""
-    ids, _ = topk(head, hidden, 1)
+    ids, _ = topk(head, hidden, 1, check_finite)
     return int(ids[0]) if ids.ndim == 1 else ids[:, 0]
 
 

@@ -14,6 +14,30 @@ ROUTES = ("reference", "fused", "graph", "canonical", "pinned")
 PathLike = Union[str, "os.PathLike[str]"]
 
 
+def _host_f32(hidden: Any) -> np.ndarray:
+    """A host hidden state as float32: float32 as it is; float16 and bfloat16 (what
+    torch engines hold; numpy's ml_dtypes or anything speaking DLPack on the CPU)
+    widened exactly -- every half and bfloat16 value is a float32 value."""
+    if isinstance(hidden, np.ndarray):
+        arr = hidden
+    else:
+        try:
+            arr = np.asarray(hidden)
+        except (TypeError, RuntimeError, BufferError):  # e.g. a torch bfloat16 tensor: numpy has no bfloat16
+            if not hasattr(hidden, "__dlpack__"):
+                raise TypeError(f"hidden must be an array of float32, float16 or bfloat16, "
+                                f"got {type(hidden).__name__}") from None
+            wide = np.asarray(_core.widen_to_f32(hidden))
+            return wide[0] if len(getattr(hidden, "shape", (0, 0))) == 1 else wide
+    if arr.dtype == np.float32:
+        return arr
+    if arr.dtype == np.float16:
+        return arr.astype(np.float32)
+    if arr.dtype.name == "bfloat16" and arr.dtype.itemsize == 2:
+        return (np.ascontiguousarray(arr).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    raise TypeError(f"hidden must be float32 (or float16/bfloat16, widened exactly), got {arr.dtype}")
+
+
 @dataclass(frozen=True)
 class HeadSpec:
     """What the head computes, read from GGUF metadata (see docs/architectures.md).
@@ -111,13 +135,19 @@ class Head:
     computed. ``check_finite=False`` skips the check (NaN then propagates).
     """
 
-    def __init__(self, core: Any, pinned: Any = None, *, path: str, route: str):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("make a Head with muser.Head.load(path, ...)")
+
+    @classmethod
+    def _from_core(cls, core: Any, pinned: Any, path: str, route: str) -> "Head":
+        self = cls.__new__(cls)
         self._core = core
         self._pinned = pinned
         self._path = path
         self._route = route
         self._spec = HeadSpec(**core.spec)
         self._ranks_on_device = bool(core.caps["ranks_on_device"]) and pinned is None
+        return self
 
     @classmethod
     def load(
@@ -142,7 +172,7 @@ class Head:
                 ``"reference"`` (the scalar oracle) or ``"pinned"`` (llama.cpp's own
                 kernels; needs ``llama-cpp-python``).
             acts: ``"f32"`` activations, or ``"q8"`` (int8 blocks as ggml's CPU quantizes them).
-            threads: CPU threads (default: all cores).
+            threads: CPU threads, 1 to 256 (``build_info()["max_threads"]``; else ValueError); None: all usable CPUs.
             mmap: map the file and read the weights in place (default), or ``False`` to
                 read the whole file into private memory at load: nothing done to the file
                 afterwards can reach the head.
@@ -178,7 +208,7 @@ class Head:
             from ._core import GGUFFile
 
             pinned = _pinned.PinnedHead(GGUFFile(path), core.spec, threads)
-        return cls(core, pinned, path=path, route=route)
+        return cls._from_core(core, pinned, path, route)
 
     # ---- what was loaded ----
     @property
@@ -244,9 +274,7 @@ class Head:
 
     # ---- compute ----
     def _rows(self, hidden: Any) -> tuple[np.ndarray, bool]:
-        arr = hidden if isinstance(hidden, np.ndarray) else np.asarray(hidden)
-        if arr.dtype != np.float32:
-            raise TypeError(f"hidden must be float32, got {arr.dtype}")
+        arr = _host_f32(hidden)
         if arr.ndim == 1:
             arr, single = arr[None, :], True
         elif arr.ndim == 2:
@@ -254,7 +282,7 @@ class Head:
         else:
             raise ValueError(f"hidden must have shape [H] or [t, H] with H={self._spec.hidden_size}, got {arr.shape}")
         if arr.shape[-1] != self._spec.hidden_size:
-            raise ValueError(f"hidden must have {self._spec.hidden_size} columns (H), got shape {hidden.shape}")
+            raise ValueError(f"hidden must have {self._spec.hidden_size} columns (H), got shape {arr.shape}")
         if not (arr.flags.c_contiguous and arr.flags.aligned):
             arr = np.array(arr, order="C")  # a fresh array: contiguous and aligned
         return arr, single
@@ -309,32 +337,37 @@ class Head:
         if not out.flags.writeable:
             raise ValueError("out must be writable; got a read-only array (out.flags.writeable is False)")
 
-    def argmax(self, hidden: Any) -> Union[int, np.ndarray]:
+    def argmax(self, hidden: Any, *, check_finite: bool = True) -> Union[int, np.ndarray]:
         """Index of the largest logit (an int for ``[H]``, int64 ``[t]`` for ``[t, H]``).
 
         Ties go to the lowest token id; NaN never wins. The soft cap is strictly
         increasing, so this is also the argmax of the uncapped scores.
         """
         if self._ranks_on_device:
-            return _device.argmax(self, hidden)  # ranked on the device: only the ids come back
+            return _device.argmax(self, hidden, check_finite)  # ranked on the device: only the ids come back
         rows, single = self._rows(hidden)
-        ids = np.asarray(_core.argmax_rows(self(rows)), dtype=np.int64)
+        ids = np.asarray(_core.argmax_rows(self(rows, check_finite=check_finite)), dtype=np.int64)
         return int(ids[0]) if single else ids
 
-    def topk(self, hidden: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def topk(self, hidden: Any, k: int, *, check_finite: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """The k best tokens: ``(ids, values)``, each ``[k]`` or ``[t, k]``, best first.
 
         Ties go to the lowest token id.
         """
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"k must be an int, got {type(k).__name__}")
+        if not 1 <= int(k) <= self._spec.vocab_size:
+            raise ValueError(f"k must be in [1, {self._spec.vocab_size}] (V), got {k}")
+        k = int(k)
         if self._ranks_on_device:
-            return _device.topk(self, hidden, k)  # ranked on the device: only the winners come back
+            return _device.topk(self, hidden, k, check_finite)  # ranked on the device: only the winners come back
         rows, single = self._rows(hidden)
-        ids, vals = _core.topk_rows(self(rows), int(k))
+        ids, vals = _core.topk_rows(self(rows, check_finite=check_finite), k)
         ids = np.asarray(ids, dtype=np.int64).reshape(rows.shape[0], k)
         vals = np.asarray(vals, dtype=np.float32).reshape(rows.shape[0], k)
         return (ids[0], vals[0]) if single else (ids, vals)
 
-    def profile(self, hidden: Any) -> list[NodeProfile]:
+    def profile(self, hidden: Any, *, check_finite: bool = True) -> list[NodeProfile]:
         """Run once and report each kernel's time and bytes under the labels of its nodes.
 
         The LM-head matvec is booked under ``"lm_head"``, never under a soft-cap
@@ -345,5 +378,5 @@ class Head:
         if self._pinned is not None:
             raise ValueError("profile() is not available for route='pinned'")
         rows, _ = self._rows(hidden)
-        _, prof = self._core.run(rows, None, True, True)
+        _, prof = self._core.run(rows, None, True, check_finite)
         return [NodeProfile(p["label"], p["kind"], p["seconds"], p["bytes"]) for p in prof]

@@ -51,7 +51,8 @@ def matvec(w: np.ndarray, weight_type: str, x: np.ndarray, *, order: str = "cano
     ``order="canonical"`` is the lane order every fast route uses (docs/numerics.md);
     ``"reference"`` the scalar oracle. ``acts="q8"`` quantizes ``x`` as ggml's CPU
     does for the weight type and multiplies in integers (quantized weights only).
-    ``isa`` forces one CPU twin ("scalar", "avx2", "avx512").
+    ``isa`` forces one CPU twin ("scalar", "avx2", "avx512"). ``threads``: 0 (every
+    CPU) up to ``muser.build_info()["max_threads"]``; outside that, ValueError.
     """
     w = np.ascontiguousarray(w)
     if acts == "q8":

@@ -4,6 +4,7 @@
 
 #include <atomic>
 
+#include "cpu/parallel.h"
 #include "errors.h"
 #include "gguf.h"
 #include "quant_types.h"
@@ -26,6 +27,7 @@ std::shared_ptr<Head> Head::load(const std::string& path, const HeadOptions& opt
 }
 
 std::shared_ptr<Head> Head::from_file(std::shared_ptr<GGUFFile> file, const HeadOptions& options) {
+  cpu::check_threads(options.threads);  // every device: the CUDA one takes it too
   std::shared_ptr<Head> h(new Head());
   h->file_ = std::move(file);
   h->options_ = options;

@@ -21,7 +21,7 @@ struct HeadOptions {
   std::string device = "cpu";
   Route route = Route::Graph;
   Acts acts = Acts::F32;
-  int threads = 0;  // <= 0: the device's default
+  int threads = 0;  // 0: the device's default; 1..cpu::kMaxThreads, else ArgValueError
   bool mmap = true;  // false: read the file into private memory at load (no window for a changing file)
   bool fuse = true;  // run the adjacent nodes the route allows to fuse as one kernel where the device can
   SpecOverrides overrides;

@@ -8,15 +8,21 @@
 #include "quantize.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <string>
 
+#include "cpu/parallel.h"
 #include "errors.h"
 #include "quant_types.h"
 
 namespace muser {
 namespace {
+
+// Rows per parallel_for chunk in quantize/dequantize: about 64 Ki elements,
+// enough work to dwarf taking a chunk, small enough to balance the threads.
+int64_t rows_per_chunk(int64_t cols) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, cols)); }
 
 inline int clamp_int(int v, int lo, int hi) { return std::max(lo, std::min(hi, v)); }
 
@@ -488,16 +494,21 @@ void quantize(GgmlType type, const float* x, int64_t rows, int64_t cols, void* o
                         std::to_string(x[bad]));
   const int64_t row_bytes = quantized_row_bytes(type, cols);
   uint8_t* base = static_cast<uint8_t*>(out);
-  int64_t first_overflow = rows;  // exceptions cannot leave an OpenMP loop: record, throw after
-#pragma omp parallel for schedule(static) reduction(min : first_overflow)
-  for (int64_t r = 0; r < rows; ++r) {
-    uint8_t* row = base + r * row_bytes;
-    quantize_row_unchecked(type, x + r * cols, cols, row);
-    if (!row_scales_finite(type, row, cols)) first_overflow = std::min(first_overflow, r);
-  }
-  if (first_overflow < rows)
+  // the lowest overflowing row, whichever thread meets it first: the message names the same row every run
+  std::atomic<int64_t> first_overflow{rows};
+  cpu::parallel_for(rows, rows_per_chunk(cols), cpu::default_threads(), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      uint8_t* row = base + r * row_bytes;
+      quantize_row_unchecked(type, x + r * cols, cols, row);
+      if (row_scales_finite(type, row, cols)) continue;
+      int64_t seen = first_overflow.load(std::memory_order_relaxed);
+      while (r < seen && !first_overflow.compare_exchange_weak(seen, r, std::memory_order_relaxed)) {
+      }
+    }
+  });
+  if (first_overflow.load() < rows)
     throw ArgValueError(std::string("values too large for ") + type_name(type) + ": row " +
-                        std::to_string(first_overflow) +
+                        std::to_string(first_overflow.load()) +
                         " has a block whose f16 scale overflows to infinity");
 }
 
@@ -506,9 +517,9 @@ void dequantize(GgmlType type, const void* data, int64_t rows, int64_t cols, flo
   if (rows < 0) throw ArgValueError("rows must be >= 0, got " + std::to_string(rows));
   const int64_t row_bytes = quantized_row_bytes(type, cols);
   const uint8_t* base = static_cast<const uint8_t*>(data);
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    dequant_row((uint32_t)type, base + r * row_bytes, cols, out + r * cols);
+  cpu::parallel_for(rows, rows_per_chunk(cols), cpu::default_threads(), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) dequant_row((uint32_t)type, base + r * row_bytes, cols, out + r * cols);
+  });
 }
 
 }  // namespace muser

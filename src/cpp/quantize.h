@@ -41,7 +41,7 @@ void check_dequantize_args(GgmlType type, int64_t cols);
 void quantize_row(GgmlType type, const float* x, int64_t n, void* out);
 
 // Quantize a row-major rows x cols matrix; row r goes to out + r * row_bytes.
-// Rows run in parallel (OpenMP). Throws ArgValueError as quantize_row does,
+// Rows run in parallel (cpu/parallel.h). Throws ArgValueError as quantize_row does,
 // naming the offending row and column, and when a finite input is so large
 // that a block's f16 scale overflows to infinity (ggml writes that block as
 // inf silently; muser refuses).

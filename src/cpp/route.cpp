@@ -70,18 +70,15 @@ bool is_matvec(NodeKind k) {
   return false;
 }
 
-bool q8_activations_for(uint32_t weight_type) { return is_q8_type(weight_type); }
-
 bool is_norm(NodeKind k) {
   return k == NodeKind::RmsNorm || k == NodeKind::RmsNormCanon || k == NodeKind::LayerNorm ||
          k == NodeKind::LayerNormCanon;
 }
 
 std::vector<Node> build_route(Route route, const HeadSpec& s, Acts acts) {
-  if (acts == Acts::Q8 && !q8_activations_for(s.output_type))
+  if (acts == Acts::Q8 && !is_q8_type(s.output_type))
     throw ArgValueError("acts='q8' quantizes the activations to int8 as ggml's CPU does for " + q8_type_list() +
-                        " weights; " +
-                        s.output_weight + " is " + type_traits(s.output_type).name +
+                        " weights; " + s.output_weight + " is " + type_traits(s.output_type).name +
                         " (ggml multiplies float weights with float activations): use acts='f32'");
   std::vector<Node> nodes;
   const bool canon = route == Route::Canonical;

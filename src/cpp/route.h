@@ -46,8 +46,6 @@ struct Node {
 };
 
 bool is_matvec(NodeKind k);
-// Weight types acts="q8" has a meaning for: ggml quantizes the activations for them.
-bool q8_activations_for(uint32_t weight_type);
 bool is_norm(NodeKind k);
 
 Route parse_route(const std::string& name);  // throws ArgValueError

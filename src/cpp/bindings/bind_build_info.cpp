@@ -6,6 +6,7 @@
 #include "cpu/isa.h"
 #include "muser/kernel_args.h"
 #include "quant_types.h"
+#include "cpu/parallel.h"
 
 namespace nb = nanobind;
 
@@ -34,13 +35,16 @@ void bind_build_info(nb::module_& m) {
     nb::list types;
     for (GgmlType t : kSupportedTypes) types.append(type_traits((uint32_t)t).name);
     d["weight_types"] = types;  // the types muser dequantizes and multiplies
-#ifdef _OPENMP
-    d["openmp"] = true;
+    // what runs parallel_for (cpu/parallel.h), and the most threads= accepts
+#if defined(__APPLE__)
+    d["cpu_threading"] = "gcd";
 #else
-    d["openmp"] = false;
+    d["cpu_threading"] = "pool";
 #endif
+    d["max_threads"] = cpu::kMaxThreads;
+    d["default_threads"] = cpu::default_threads();
     return d;
-  }, "What this build of muser contains: backends compiled in, CPU ISA paths, version, limits.");
+  }, "What this build of muser contains: backends compiled in, CPU ISA paths, CPU threading, version, limits.");
 }
 
 }  // namespace muser::py

@@ -15,8 +15,8 @@
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
 #include "errors.h"
-#include "route.h"
 #include "quant_types.h"
+#include "route.h"
 
 namespace nb = nanobind;
 
@@ -32,7 +32,7 @@ using U8Out = nb::ndarray<nb::numpy, uint8_t, nb::ndim<2>>;
 uint32_t q8_weight_type(const std::string& name) {
   for (uint32_t id = 0; id < 64; ++id) {
     const TypeTraits tt = type_traits(id);
-    if (tt.name && name == tt.name && q8_activations_for(id)) return id;
+    if (tt.name && name == tt.name && is_q8_type(id)) return id;
   }
   throw ArgValueError("acts='q8' weight type must be one of " + q8_type_list() + "; got '" + name + "'");
 }
@@ -66,7 +66,7 @@ void bind_cpu(nb::module_& m) {
         return d;
       },
       nb::arg("nbytes"), nb::arg("threads") = 0, nb::arg("repeats") = 3,
-      "Stream nbytes with `threads` threads (0: all), `repeats` times; returns bytes, threads, seconds per repeat.");
+      "Stream nbytes with `threads` threads (0: all, at most build_info()['max_threads']), `repeats` times; returns bytes, threads, seconds per repeat.");
 
   m.def(
       "ops_quantize_acts",
@@ -99,6 +99,7 @@ void bind_cpu(nb::module_& m) {
         if ((int64_t)x.shape(1) != wv.cols)
           throw ArgValueError("x must have " + std::to_string(wv.cols) + " columns, got " + std::to_string(x.shape(1)));
         const cpu::Isa which = isa ? cpu::isa_by_name(*isa) : cpu::active_isa();
+        cpu::check_threads(threads);
         const int t = (int)x.shape(0);
         auto out = owned<float>((size_t)t, (size_t)wv.rows);
         float* y = out.data();

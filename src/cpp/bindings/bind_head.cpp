@@ -286,6 +286,24 @@ void bind_head(nb::module_& m) {
         return nb::cast(view_of(buf, 1, buf->count, h));
       });
 
+  // float16 / bfloat16 host arrays (torch tensors through DLPack too) widened
+  // exactly to a new float32 array of the same shape
+  m.def("widen_to_f32", [](const AnyArray& a) {
+    const auto d = a.dtype();
+    const bool f16 = d.code == (uint8_t)nb::dlpack::dtype_code::Float && d.bits == 16;
+    const bool bf16 = d.code == (uint8_t)nb::dlpack::dtype_code::Bfloat && d.bits == 16;
+    if (!f16 && !bf16) throw ArgTypeError("hidden must be float32, float16 or bfloat16, got " + dtype_name(d));
+    if (a.device_type() != nb::device::cpu::value) throw ArgTypeError("hidden must be in host memory here");
+    if (a.ndim() != 1 && a.ndim() != 2) throw ArgValueError("hidden must be 1-D or 2-D, got shape " + shape_str(a));
+    if (!c_contiguous(a, 2)) throw ArgValueError("a float16/bfloat16 hidden state must be C-contiguous");
+    const size_t rows = a.ndim() == 2 ? a.shape(0) : 1, cols = a.shape(a.ndim() - 1);
+    F32Array out = new_array(rows, cols);
+    const auto* src = static_cast<const uint16_t*>(a.data());
+    float* dst = out.data();
+    for (size_t i = 0; i < rows * cols; ++i) dst[i] = f16 ? f16_to_f32(src[i]) : bf16_to_f32(src[i]);
+    return out;  // [rows, cols]: a 1-D input comes back as one row
+  }, nb::arg("array"));
+
   // ---- argmax / top-k over logits rows (ties: the lowest token id wins; NaN never wins) ----
   m.def("argmax_rows", [](const AnyArray& logits) {
     const float* y = f32_matrix(logits, "logits", -1);
@@ -327,6 +345,7 @@ void bind_head(nb::module_& m) {
          std::optional<AnyArray> gamma, float scale, float cap, bool fuse, int threads) {
         const float* xs = f32_matrix(x, "x", -1);
         const size_t t = x.shape(0), n = x.shape(1);
+        cpu::check_threads(threads);
         if (stage != "norm" && stage != "epilogue") throw ArgValueError("stage must be 'norm' or 'epilogue', got '" + stage + "'");
         if (norm != "rms" && norm != "layer") throw ArgValueError("norm must be 'rms' or 'layer', got '" + norm + "'");
         HeadSpec spec;
@@ -385,6 +404,7 @@ void bind_head(nb::module_& m) {
         if (isa) which = cpu::isa_by_name(*isa);
         if (order != "canonical" && order != "reference")
           throw ArgValueError("order must be 'canonical' or 'reference', got '" + order + "'");
+        cpu::check_threads(threads);
         F32Array out = new_array(t, (size_t)wv.rows);
         float* o = out.data();
         {

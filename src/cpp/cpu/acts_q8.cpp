@@ -24,7 +24,6 @@
 #include "cpu/kernels.h"
 #include "errors.h"
 #include "quant_types.h"
-#include "route.h"
 
 namespace muser::cpu {
 
@@ -79,7 +78,7 @@ constexpr int kNibbleOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
 }  // namespace
 
 void quantize_acts_q8(uint32_t weight_type, const float* x, int64_t ldx, int64_t K, int t, ActsQ8* a) {
-  if (!q8_activations_for(weight_type))
+  if (!is_q8_type(weight_type))
     throw ArgValueError("acts='q8' needs weights of one of " + q8_type_list() + "; got " +
                         (type_traits(weight_type).name ? type_traits(weight_type).name : "an unknown type"));
   const bool kquant = weight_type != (uint32_t)GgmlType::Q8_0;

@@ -35,7 +35,8 @@ uint64_t sum_words(const uint64_t* p, size_t n) {
 
 ReadBandwidth read_bandwidth(size_t nbytes, int threads, int repeats) {
   if (nbytes < (1u << 20)) throw ArgValueError("read_bandwidth: nbytes must be at least 1 MiB");
-  if (threads <= 0) threads = default_threads();
+  check_threads(threads);
+  if (threads == 0) threads = default_threads();
   if (repeats <= 0) repeats = 1;
   const size_t words = nbytes / 8;
   std::unique_ptr<uint64_t, void (*)(void*)> buf(static_cast<uint64_t*>(std::aligned_alloc(4096, words * 8)), std::free);

@@ -11,8 +11,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include "cpu/cpu_device.h"
 #include "cpu/isa.h"
@@ -25,12 +29,20 @@ namespace muser {
 
 namespace cpu {
 int default_threads() {
-#if defined(_OPENMP) && !defined(__APPLE__)
-  return omp_get_max_threads();
-#else
-  const unsigned n = std::thread::hardware_concurrency();
-  return n ? (int)n : 1;
+  int n = 0;
+#if defined(__linux__)
+  cpu_set_t set;  // a taskset'd process counts only its own CPUs
+  if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
 #endif
+  if (n <= 0) n = (int)std::thread::hardware_concurrency();
+  return std::clamp(n, 1, kMaxThreads);
+}
+
+void check_threads(int threads, const char* arg) {
+  if (threads < 0 || threads > kMaxThreads)
+    throw ArgValueError(std::string(arg) + " must be between 0 (every CPU this process may use) and " +
+                        std::to_string(kMaxThreads) + " (muser's maximum, build_info()['max_threads']); got " +
+                        std::to_string(threads));
 }
 }  // namespace cpu
 

@@ -1,0 +1,173 @@
+// The pool behind parallel_for (thread_pool.h). One process-wide pool;
+// workers start on first need and then sleep on a condition variable between
+// jobs, so an idle head burns no CPU. A job is a chunk counter on the
+// caller's stack; the caller takes chunks too, so a job never waits for a
+// worker to wake up before work starts, and a job smaller than the wake-up
+// time ends before any worker arrives.
+//
+// Jobs do not queue: while one runs, another thread's parallel_for (several
+// Heads used from several Python threads) and a parallel_for nested inside a
+// chunk run inline on their own thread. Queueing would make a caller wait on
+// another head's whole step and, for a nested call, on itself (a deadlock);
+// running inline never blocks, keeps the machine at the pool's threads plus
+// one per extra caller (no oversubscription on top), and the heads are
+// memory-bound, so the bytes streamed per second change little either way.
+//
+// fork(): only the forking thread exists in the child. The workers are gone
+// and the pool's mutex may be held by a thread that no longer exists (a fork
+// while another thread is in a parallel_for), so the child can neither use
+// nor destroy the old pool (destroying a joinable std::thread terminates).
+// An atfork handler forgets it instead: the child leaks one small object and
+// its first parallel_for builds a fresh pool with fresh workers.
+#if !defined(__APPLE__)  // Apple runs parallel_for on Grand Central Dispatch
+#include "cpu/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if !defined(_WIN32)
+#include <pthread.h>
+#endif
+
+#include "cpu/parallel.h"
+
+namespace muser::cpu {
+
+namespace {
+
+// One job; lives on the caller's stack until every worker has left it.
+struct Job {
+  ChunkFn fn;
+  void* ctx;
+  int64_t chunks;
+  std::atomic<int64_t> next{0};  // the next chunk to hand out
+  std::exception_ptr error;      // the first exception thrown; guarded by Pool::mu_
+};
+
+class Pool {
+ public:
+  // Claims the pool for one job; false while another job runs.
+  bool try_claim() {
+    bool idle = false;
+    return busy_.compare_exchange_strong(idle, true, std::memory_order_acquire);
+  }
+
+  // Runs a claimed job with up to `helpers` workers and releases the claim.
+  void run(Job& job, int helpers) {
+    int seats;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      grow(helpers);
+      job_ = &job;
+      seats = seats_ = std::min(helpers, (int)workers_.size());
+    }
+    for (int i = 0; i < seats; ++i) wake_.notify_one();
+    work(job);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      seats_ = 0;  // every chunk is handed out: a worker waking now has nothing to do
+      left_.wait(lock, [&] { return seated_ == 0; });
+      job_ = nullptr;
+    }
+    busy_.store(false, std::memory_order_release);
+    if (job.error) std::rethrow_exception(job.error);
+  }
+
+  int workers() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return (int)workers_.size();
+  }
+
+ private:
+  // Takes chunks until none is left. An exception stops the job: the
+  // remaining chunks are skipped and the caller rethrows the first one.
+  void work(Job& job) {
+    try {
+      for (int64_t c; (c = job.next.fetch_add(1, std::memory_order_relaxed)) < job.chunks;) job.fn(job.ctx, c);
+    } catch (...) {
+      job.next.store(job.chunks, std::memory_order_relaxed);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!job.error) job.error = std::current_exception();
+    }
+  }
+
+  // Starts workers until there are `n` (called with mu_ held). When the OS
+  // refuses a thread (or memory) the job runs with the workers there are.
+  void grow(int n) {
+    try {
+      workers_.reserve((size_t)n);  // push_back below cannot throw after this
+      while ((int)workers_.size() < n) workers_.push_back(new std::thread([this] { worker_main(); }));
+    } catch (...) {
+    }
+  }
+
+  void worker_main() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [&] { return seats_ > 0; });
+      --seats_;
+      ++seated_;
+      Job& job = *job_;
+      lock.unlock();
+      work(job);
+      lock.lock();
+      if (--seated_ == 0) left_.notify_one();
+    }
+  }
+
+  std::atomic<bool> busy_{false};  // a job holds the pool
+  std::mutex mu_;
+  std::condition_variable wake_;  // workers wait here for a seat
+  std::condition_variable left_;  // the caller waits here for seated workers to leave
+  Job* job_ = nullptr;
+  int seats_ = 0;   // workers that may still join job_
+  int seated_ = 0;  // workers inside job_
+  // Never joined or deleted: the pool lives until exit, or is forgotten in a
+  // forked child, where joining (or destroying) these would hang or terminate.
+  std::vector<std::thread*> workers_;
+};
+
+std::atomic<Pool*> g_pool{nullptr};
+
+Pool& pool() {
+  Pool* p = g_pool.load(std::memory_order_acquire);
+  if (p) return *p;
+  Pool* fresh = new Pool();  // starts no thread: cheap to throw away
+  if (g_pool.compare_exchange_strong(p, fresh, std::memory_order_acq_rel)) return *fresh;
+  delete fresh;
+  return *p;
+}
+
+#if !defined(_WIN32)
+void forget_pool_in_child() { g_pool.store(nullptr, std::memory_order_relaxed); }
+
+// Registered when the library loads, before any thread of ours exists.
+[[maybe_unused]] const int g_atfork_registered = pthread_atfork(nullptr, nullptr, forget_pool_in_child);
+#endif
+
+}  // namespace
+
+void run_chunks(int64_t chunks, int threads, ChunkFn fn, void* ctx) {
+  if (chunks <= 0) return;
+  const int64_t helpers = std::min<int64_t>(std::min(threads, kMaxThreads) - 1, chunks - 1);
+  Pool* p = helpers > 0 ? &pool() : nullptr;
+  if (!p || !p->try_claim()) {
+    for (int64_t c = 0; c < chunks; ++c) fn(ctx, c);
+    return;
+  }
+  Job job{fn, ctx, chunks};
+  p->run(job, (int)helpers);
+}
+
+int pool_workers() {
+  Pool* p = g_pool.load(std::memory_order_acquire);
+  return p ? p->workers() : 0;
+}
+
+}  // namespace muser::cpu
+#endif

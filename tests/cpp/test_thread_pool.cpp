@@ -1,0 +1,201 @@
+// parallel_for on muser's thread pool (cpu/thread_pool.h): every index is
+// visited exactly once whatever the size, grain and thread count; callers on
+// several threads, nested calls and a throwing chunk are correct; the pool
+// really runs chunks at once; and a process that used the pool can fork (also
+// while another thread is inside a parallel_for) and the child's pool works.
+// Waits that could hang on a bug are capped (the cap only turns a hang into a
+// failure; nothing here measures time).
+#include <gtest/gtest.h>
+
+#if !defined(__APPLE__)  // Apple runs parallel_for on GCD; the pool is not built there
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "cpu/parallel.h"
+#include "cpu/thread_pool.h"
+
+namespace {
+
+using muser::cpu::kMaxThreads;
+using muser::cpu::parallel_for;
+using muser::cpu::pool_workers;
+
+// True when every index in [0, n) was visited exactly once, in chunks that
+// start at a multiple of grain and hold min(grain, n - start) indices.
+bool visits_each_once(int64_t n, int64_t grain, int threads) {
+  std::vector<std::atomic<int>> hits((size_t)n);
+  std::atomic<bool> bad_chunk{false};
+  parallel_for(n, grain, threads, [&](int64_t a, int64_t b) {
+    const bool whole = threads <= 1 || (n + grain - 1) / grain == 1;  // one call over [0, n)
+    if (!(a < b && (whole ? (a == 0 && b == n) : (a % grain == 0 && b == std::min(n, a + grain)))))
+      bad_chunk = true;
+    for (int64_t i = a; i < b; ++i) hits[(size_t)i].fetch_add(1, std::memory_order_relaxed);
+  });
+  if (bad_chunk) return false;
+  for (auto& h : hits)
+    if (h.load() != 1) return false;
+  return true;
+}
+
+TEST(ThreadPool, VisitsEveryIndexExactlyOnce) {
+  for (int64_t n : {0, 1, 2, 3, 7, 31, 32, 33, 256, 1000, 4099, 65537})
+    for (int64_t grain : {1, 2, 3, 7, 64, 5000})
+      for (int threads : {1, 2, 3, 8, 64})
+        EXPECT_TRUE(visits_each_once(n, grain, threads)) << "n=" << n << " grain=" << grain << " threads=" << threads;
+}
+
+// Waits until `count` reaches `want`; false after a generous cap (a hang guard).
+bool wait_for(const std::atomic<int>& count, int want) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (count.load() < want)
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    else std::this_thread::yield();
+  return true;
+}
+
+// Each of `threads` chunks waits for all the others to start: this finishes
+// only when that many threads run chunks at the same time.
+bool chunks_run_at_once(int threads) {
+  std::atomic<int> arrived{0};
+  std::atomic<bool> ok{true};
+  parallel_for(threads, 1, threads, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) {
+      arrived.fetch_add(1);
+      if (!wait_for(arrived, threads)) ok = false;
+    }
+  });
+  return ok;
+}
+
+TEST(ThreadPool, RunsChunksAtOnce) {
+  EXPECT_TRUE(chunks_run_at_once(2));
+  EXPECT_TRUE(chunks_run_at_once(4));
+  EXPECT_GE(pool_workers(), 3);
+}
+
+TEST(ThreadPool, WorkersNeverExceedTheMaximum) {
+  // parallel_for clamps what internal callers pass; the entry points refuse it (check_threads)
+  EXPECT_TRUE(visits_each_once(100000, 1, 3000));
+  EXPECT_LE(pool_workers(), kMaxThreads - 1);
+  EXPECT_THROW(muser::cpu::check_threads(kMaxThreads + 1), std::invalid_argument);
+  EXPECT_THROW(muser::cpu::check_threads(-1), std::invalid_argument);
+  EXPECT_NO_THROW(muser::cpu::check_threads(0));
+  EXPECT_NO_THROW(muser::cpu::check_threads(kMaxThreads));
+  EXPECT_GE(muser::cpu::default_threads(), 1);
+  EXPECT_LE(muser::cpu::default_threads(), kMaxThreads);
+}
+
+TEST(ThreadPool, ConcurrentCallersAreEachCorrect) {
+  // One caller holds the pool; the others run inline at the same time. Each
+  // checks its own sums.
+  std::atomic<int> failures{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c)
+    callers.emplace_back([&, c] {
+      for (int rep = 0; rep < 200; ++rep) {
+        const int64_t n = 1000 + 37 * rep + c;
+        if (!visits_each_once(n, 1 + (rep + c) % 17, 2 + c)) failures.fetch_add(1);
+      }
+    });
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(ThreadPool, NestedCallsRunInline) {
+  constexpr int64_t outer = 16, inner = 1000;
+  std::vector<std::atomic<int>> hits((size_t)(outer * inner));
+  parallel_for(outer, 1, 4, [&](int64_t a, int64_t b) {
+    for (int64_t o = a; o < b; ++o)
+      parallel_for(inner, 7, 4, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) hits[(size_t)(o * inner + i)].fetch_add(1);
+      });
+  });
+  for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+}
+
+TEST(ThreadPool, ExceptionReachesTheCallerAndThePoolStillWorks) {
+  EXPECT_THROW(parallel_for(1000, 1, 4,
+                            [&](int64_t a, int64_t) {
+                              if (a == 500) throw std::runtime_error("chunk 500");
+                            }),
+               std::runtime_error);
+  EXPECT_TRUE(visits_each_once(10000, 3, 4));
+  EXPECT_TRUE(chunks_run_at_once(2));
+}
+
+// What a forked child checks: its pool starts empty, then visits every index
+// and runs chunks at once on freshly started workers. Returns an exit code.
+int child_checks() {
+  if (pool_workers() != 0) return 3;
+  if (!visits_each_once(100000, 13, 4)) return 4;
+  if (!chunks_run_at_once(2)) return 5;
+  if (pool_workers() < 1) return 6;
+  return 0;
+}
+
+// Waits for `pid` at most `seconds`; kills it and returns -1 when it hangs.
+int wait_exit_code(pid_t pid, int seconds) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  int status = 0;
+  for (;;) {
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (r < 0) return -2;
+    if (std::chrono::steady_clock::now() > give_up) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+TEST(ThreadPool, ForkedChildGetsAWorkingPool) {
+  ASSERT_TRUE(visits_each_once(100000, 13, 4));  // workers exist in the parent
+  ASSERT_GE(pool_workers(), 1);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int rc = child_checks();
+    if (rc == 0) {  // and once more: the handler must work in a child of a child
+      const pid_t grandchild = fork();
+      if (grandchild == 0) _exit(child_checks());
+      rc = grandchild < 0 ? 7 : wait_exit_code(grandchild, 30);
+    }
+    _exit(rc);
+  }
+  EXPECT_EQ(wait_exit_code(pid, 60), 0) << "-1: the child hung; 3-6: see child_checks";
+  EXPECT_TRUE(visits_each_once(100000, 13, 4));  // the parent's pool is untouched
+}
+
+TEST(ThreadPool, ForkWhileAnotherThreadIsInParallelFor) {
+  // A second thread runs parallel_for without pause, so forks land at every
+  // point of a job: pool lock held, workers seated, the caller waiting.
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> jobs{0};
+  std::thread busy([&] {
+    while (!stop.load()) {
+      parallel_for(4096, 16, 4, [&](int64_t, int64_t) {});
+      jobs.fetch_add(1);
+    }
+  });
+  while (jobs.load() < 10) std::this_thread::yield();
+  for (int i = 0; i < 20; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) _exit(child_checks());
+    ASSERT_GE(pid, 0);
+    EXPECT_EQ(wait_exit_code(pid, 60), 0) << "fork " << i << " (-1: the child hung)";
+  }
+  stop = true;
+  busy.join();
+}
+
+}  // namespace
+#endif
