@@ -37,5 +37,6 @@ void bind_head(nanobind::module_& m);   // bind_head.cpp: the Head engine
 void bind_build_info(nanobind::module_& m);
 void bind_cpu(nanobind::module_& m);    // bind_cpu.cpp: read bandwidth, q8 kernels per ISA
 void bind_device(nanobind::module_& m);  // bind_device.cpp: resident logits, top-k on the device (Device abilities)
+void bind_metal(nanobind::module_& m);   // bind_metal.cpp: the Metal backend's test hooks
 void bind_cuda(nanobind::module_& m);    // bind_cuda.cpp: the CUDA backend helpers (count, bandwidth, memory)
 }  // namespace muser::py

@@ -47,4 +47,5 @@ NB_MODULE(_core, m) {
   muser::py::bind_cpu(m);
   muser::py::bind_device(m);
   muser::py::bind_cuda(m);
+  muser::py::bind_metal(m);
 }

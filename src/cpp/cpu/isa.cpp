@@ -5,6 +5,10 @@
 
 #include "errors.h"
 
+#if defined(MUSER_X86) && defined(__clang__) && __clang_major__ < 15
+#include <cpuid.h>
+#endif
+
 namespace muser::cpu {
 
 const char* isa_name(Isa isa) {
@@ -17,12 +21,23 @@ const char* isa_name(Isa isa) {
   return "?";
 }
 
+#if defined(MUSER_X86) && defined(__clang__) && __clang_major__ < 15
+// clang before 15 has no "f16c" for __builtin_cpu_supports (the emulator's
+// build uses Debian's clang 14): CPUID leaf 1, ECX bit 29
+static bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#elif defined(MUSER_X86)
+static bool cpu_has_f16c() { return __builtin_cpu_supports("f16c"); }
+#endif
+
 std::vector<Isa> available_isas() {
   std::vector<Isa> out{Isa::Scalar};
 #if defined(MUSER_X86) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+                    cpu_has_f16c() && __builtin_cpu_supports("bmi2");
   if (avx2) out.push_back(Isa::Avx2);
   // the AVX-512 twins use VNNI (int8 dot products) and VBMI (byte permutes):
   // Ice Lake, Sapphire Rapids, Zen 4 and later

@@ -32,7 +32,7 @@
 
 // VBMI (the byte permute) is not among CMake's AVX-512 flags; isa.cpp only
 // selects this path on CPUs that have it (Ice Lake, Zen 4 and later).
-#pragma GCC target("avx512vbmi")
+#pragma GCC target("avx512vbmi")  // also -mavx512vbmi (CMakeLists.txt): clang ignores this pragma
 #include <immintrin.h>
 
 #include <algorithm>

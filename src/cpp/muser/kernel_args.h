@@ -43,3 +43,38 @@ static_assert(sizeof(EpilogueKargs) == 24, "EpilogueKargs is 24 bytes on every b
 MUSER_CONSTANT constexpr int kTopkMax = 1024;
 
 }  // namespace muser
+
+namespace muser {
+
+// A final norm over t rows of n elements: y[k * ld + i], x[k * ld + i].
+struct NormKargs {
+  int64_t n = 0;     // H: elements per row
+  int64_t ld = 0;    // floats between rows (of x and y)
+  float eps = 0;     // the norm's epsilon
+  int32_t gamma = 0; // 1: multiply by gamma in the same pass (norm + gamma fused)
+  int32_t t = 0;     // rows (tokens)
+  int32_t pad_ = 0;  // explicit: the struct is 8-byte aligned everywhere
+};
+static_assert(sizeof(NormKargs) == 32, "NormKargs is 32 bytes on every backend");
+
+// acts="q8" on Metal: where token k's quants, block scales and 32-element sums lie.
+struct Q8MetalKargs {
+  int64_t cols = 0;    // K: elements (and quant bytes) per token
+  int64_t blocks = 0;  // activation blocks per token: K/256 (Q8_K) or K/32 (Q8_0)
+  int64_t ldx = 0;     // floats between tokens' normed activations
+  int32_t t = 0;       // tokens
+  int32_t pad_ = 0;
+};
+static_assert(sizeof(Q8MetalKargs) == 32, "Q8MetalKargs is 32 bytes on every backend");
+
+// One stage of the device top-k: each of `rows` rows has n candidates
+// (logits or keys) taken in chunks of kTopkChunk; each chunk yields its k best.
+struct TopkKargs {
+  int64_t n = 0;       // candidates per row
+  int64_t chunks = 0;  // chunks per row (keys written per row: chunks * k)
+  int32_t k = 0;
+  int32_t rows = 0;
+};
+static_assert(sizeof(TopkKargs) == 24, "TopkKargs is 24 bytes on every backend");
+
+}  // namespace muser

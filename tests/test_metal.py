@@ -1,0 +1,258 @@
+"""The Metal backend against the CPU backend.
+
+Runs wherever muser was built with Metal: on a Mac (no Apple GPU has run it
+yet) or on Linux against the test-only emulator (MUSER_METAL_EMULATOR=ON,
+tests/metal_emulator/: the real .mm on GNUstep, the .metal kernels compiled as
+C++ on CPU fibers, barriers checked). Skipped with the reason elsewhere.
+
+canonical: Metal logits == CPU logits bit for bit (t = 1, 3, 8, 64, all seven
+weight types, f32 and q8 activations); the other routes within the f32-norm
+and platform-tanh difference (Apple GPUs have no double: docs/numerics.md);
+batch rows == single steps; the logits view is the MTLBuffer's contents and
+outlives the head; the weight split into views; top-k on the device; the
+pipeline cache reused; errors as muser.DeviceError; one barrier removed is
+reported as a hazard; the profile books the matvec under lm_head only.
+"""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import muser
+from muser import _core
+
+pytest.importorskip("gguf", reason="the gguf package writes the test heads")
+from muser.fixtures import write_head_gguf  # noqa: E402
+
+_info = muser.build_info()
+if not _info["metal"]:
+    _skip = "this build of muser has no Metal backend (Apple only, or MUSER_METAL_EMULATOR=ON on Linux)"
+else:
+    _skip = ""
+EMULATED = hasattr(_core, "_metal_emu_reset")
+pytestmark = pytest.mark.skipif(bool(_skip), reason=_skip or "-")
+
+# small (the emulator runs one fiber per GPU thread) but awkward: an odd number
+# of K-quant blocks, Q8_0 rows of 11 blocks, float rows not a multiple of 32
+SHAPES = {"Q5_K": 768, "Q4_K": 768, "Q6_K": 768, "Q8_0": 352, "F16": 333, "BF16": 333, "F32": 333}
+Q8_TYPES = ("Q5_K", "Q4_K", "Q6_K", "Q8_0")
+VOCAB = 517
+ROUTES = ("graph", "fused", "canonical", "reference")
+
+
+@pytest.fixture(scope="module")
+def head_file(tmp_path_factory):
+    d = tmp_path_factory.mktemp("metal-heads")
+    cache = {}
+
+    def get(weight_type: str) -> str:
+        if weight_type not in cache:
+            cache[weight_type] = write_head_gguf(d / f"{weight_type}.gguf", hidden=SHAPES[weight_type], vocab=VOCAB,
+                                                 weight_type=weight_type, seed=7)
+        return cache[weight_type]
+    return get
+
+
+@pytest.fixture(autouse=True)
+def _clean_hooks():
+    yield
+    if _info["metal"]:
+        _core._metal_test_drop_barrier(-1)
+        _core._metal_test_max_buffer_length(0)
+    if EMULATED:
+        _core._metal_emu_reset()
+
+
+def hidden_states(H: int, t: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((t, H), dtype=np.float32) * np.float32(1.5)
+
+
+def bits(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def assert_bitwise(got, want, what: str) -> None:
+    g, w = bits(got), bits(want)
+    if not np.array_equal(g, w):
+        diff = np.argwhere(g != w)
+        first = tuple(diff[0])
+        raise AssertionError(f"{what}: {len(diff)} of {g.size} logits differ; first at {first}: "
+                             f"metal {np.asarray(got)[first]!r} vs cpu {np.asarray(want)[first]!r}")
+
+
+@pytest.mark.parametrize("weight_type", list(SHAPES))
+def test_canonical_bitwise_equal_to_cpu(head_file, weight_type):
+    path = head_file(weight_type)
+    cpu = muser.Head.load(path, device="cpu", route="canonical")
+    gpu = muser.Head.load(path, device="metal", route="canonical")
+    for t in (1, 3, 8, 64):
+        x = hidden_states(SHAPES[weight_type], t, seed=t)
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}")
+
+
+@pytest.mark.parametrize("weight_type", Q8_TYPES)
+def test_canonical_q8_bitwise_equal_to_cpu(head_file, weight_type):
+    path = head_file(weight_type)
+    cpu = muser.Head.load(path, device="cpu", route="canonical", acts="q8")
+    gpu = muser.Head.load(path, device="metal", route="canonical", acts="q8")
+    for t in (1, 3, 8, 64):
+        x = hidden_states(SHAPES[weight_type], t, seed=t)
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical q8 t={t}")
+
+
+@pytest.mark.parametrize("acts", ("f32", "q8"))
+@pytest.mark.parametrize("route", ("graph", "fused", "reference"))
+@pytest.mark.parametrize("weight_type", list(SHAPES))
+def test_every_route_close_to_cpu(head_file, weight_type, route, acts):
+    if acts == "q8" and weight_type not in Q8_TYPES:
+        pytest.skip("acts='q8' is for quantized weights")
+    # the ggml-order norm sums in f32 on Metal (no double) and tanh is the
+    # platform's: a few ulp of the normed vector and of tanh, times cap
+    path = head_file(weight_type)
+    cpu = muser.Head.load(path, device="cpu", route=route, acts=acts)
+    gpu = muser.Head.load(path, device="metal", route=route, acts=acts)
+    x = hidden_states(SHAPES[weight_type], 3, seed=11)
+    got, want = gpu(x), cpu(x).copy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 if acts == "q8" else 5e-5)
+    assert np.abs(got).max() < 20.0
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_batch_rows_equal_single_steps(head_file, route):
+    gpu = muser.Head.load(head_file("Q5_K"), device="metal", route=route)
+    x = hidden_states(SHAPES["Q5_K"], 5, seed=5)
+    batch = gpu(x).copy()
+    for r in range(x.shape[0]):
+        assert_bitwise(gpu(x[r]), batch[r], f"{route} row {r} alone vs in a batch of 5")
+
+
+def test_unfused_route_equals_fused(head_file):
+    # norm + gamma in one kernel computes exactly the two nodes' bytes
+    path = head_file("Q6_K")
+    a = muser.Head.load(path, device="metal", route="canonical")
+    b = muser.Head.load(path, device="metal", route="canonical", fuse=False)
+    x = hidden_states(SHAPES["Q6_K"], 3)
+    assert_bitwise(a(x), b(x), "fused norm+gamma vs separate nodes")
+
+
+def test_logits_view_is_the_buffer_contents_and_outlives_the_head(head_file):
+    gpu = muser.Head.load(head_file("Q5_K"), device="metal", route="canonical")
+    x = hidden_states(SHAPES["Q5_K"], 2)
+    a = gpu(x)
+    assert not a.flags.owndata  # a view of the head's buffer
+    address = a.__array_interface__["data"][0]
+    assert _core._metal_test_buffer_length_at(address) >= a.nbytes  # an MTLBuffer's contents, not a copy
+    first = a.copy()
+    del gpu
+    gc.collect()
+    assert _core._metal_test_buffer_length_at(address) >= a.nbytes  # the view keeps the buffer
+    assert_bitwise(a, first, "host view after the head is gone")
+    del a
+    gc.collect()
+    assert _core._metal_test_buffer_length_at(address) == 0  # released with its last owner
+
+
+def test_weight_split_into_views(head_file):
+    path = head_file("Q4_K")
+    cpu = muser.Head.load(path, device="cpu", route="canonical")
+    _core._metal_test_max_buffer_length(64 * 1024)  # a few hundred rows per view
+    gpu = muser.Head.load(path, device="metal", route="canonical")
+    assert _core._metal_test_stats()["weight_views"] > 1
+    x = hidden_states(SHAPES["Q4_K"], 3)
+    assert_bitwise(gpu(x), cpu(x).copy(), "weight in several views")
+
+
+@pytest.mark.skipif(not EMULATED, reason="sets the emulated device's page size")
+@pytest.mark.parametrize("mmap", (True, False))
+def test_weights_wrapped_without_a_copy(head_file, mmap):
+    # the emulator demands 16 KiB pages by default (Apple silicon's); Linux maps
+    # files on 4 KiB pages, so the test device takes the host's page
+    import mmap as _mmap
+    _core._metal_emu_set_page_size(_mmap.PAGESIZE)
+    path = head_file("Q6_K")
+    cpu = muser.Head.load(path, device="cpu", route="canonical")
+    gpu = muser.Head.load(path, device="metal", route="canonical", mmap=mmap)
+    assert _core._metal_test_stats()["weights_no_copy"]  # newBufferWithBytesNoCopy on the GGUF's pages
+    x = hidden_states(SHAPES["Q6_K"], 3)
+    assert_bitwise(gpu(x), cpu(x).copy(), "weights read in place")
+
+
+@pytest.mark.parametrize("k", (1, 5, 600))
+def test_topk_on_device_equals_cpu(head_file, k):
+    path = head_file("Q8_0")
+    cpu = muser.Head.load(path, device="cpu", route="canonical")
+    gpu = muser.Head.load(path, device="metal", route="canonical")
+    assert gpu.caps["ranks_on_device"]
+    x = hidden_states(SHAPES["Q8_0"], 3)
+    ids, vals = gpu.topk(x, min(k, VOCAB))
+    want_ids, want_vals = cpu.topk(x, min(k, VOCAB))
+    np.testing.assert_array_equal(ids, want_ids)
+    assert_bitwise(vals, want_vals, f"top-{k} values")
+    np.testing.assert_array_equal(gpu.argmax(x), cpu.argmax(x))
+
+
+def test_pipeline_cache_reused_across_calls(head_file):
+    gpu = muser.Head.load(head_file("Q5_K"), device="metal", route="graph")
+    x = hidden_states(SHAPES["Q5_K"], 2)
+    gpu(x)
+    built = _core._metal_test_stats()["pipelines_built"]
+    assert built > 0
+    for _ in range(3):
+        gpu(x)
+    assert _core._metal_test_stats()["pipelines_built"] == built
+
+
+def test_profile_books_the_matvec_under_lm_head_only(head_file):
+    gpu = muser.Head.load(head_file("Q5_K"), device="metal", route="graph")
+    prof = gpu.profile(hidden_states(SHAPES["Q5_K"], 2))
+    labels = [p.label for p in prof]
+    assert labels.count("lm_head") == 1
+    assert [lab for lab in labels if "lm_head" in lab] == ["lm_head"]  # never fused into a softcap step
+    assert "softcap_tanh" in labels and all(p.seconds >= 0 for p in prof)
+
+
+def test_barrier_removed_is_reported_as_a_hazard(head_file):
+    gpu = muser.Head.load(head_file("Q5_K"), device="metal", route="graph")
+    x = hidden_states(SHAPES["Q5_K"], 2)
+    gpu(x)  # clean with every barrier
+    # dispatches: norm+gamma, lm_head, logit_scale, softcap_scale_in, tanh, ...: drop the one before tanh
+    _core._metal_test_drop_barrier(4)
+    with pytest.raises(muser.DeviceError, match="(?i)hazard|overlap|barrier"):
+        gpu(x)
+    _core._metal_test_drop_barrier(-1)
+    gpu(x)
+
+
+@pytest.mark.skipif(not EMULATED, reason="needs the emulator's fault injection")
+def test_failed_command_buffer_is_a_device_error(head_file):
+    gpu = muser.Head.load(head_file("Q5_K"), device="metal", route="canonical")
+    _core._metal_emu_fail_next_command_buffer("injected: GPU page fault")
+    with pytest.raises(muser.DeviceError, match="injected: GPU page fault"):
+        gpu(hidden_states(SHAPES["Q5_K"], 1))
+
+
+@pytest.mark.skipif(not EMULATED, reason="needs the emulator's fault injection")
+def test_no_device_is_a_device_error(head_file):
+    _core._metal_emu_set_no_device(True)
+    with pytest.raises(muser.DeviceError, match="no Metal device"):
+        muser.Head.load(head_file("Q5_K"), device="metal")
+
+
+@pytest.mark.skipif(not _info["metal"], reason=_skip or "-")
+def test_library_that_does_not_compile_is_a_device_error_with_its_log(head_file):
+    _core._metal_test_library_source("kernel void broken(")
+    with pytest.raises(muser.DeviceError, match="does not compile") as e:
+        muser.Head.load(head_file("Q5_K"), device="metal")
+    assert "error" in str(e.value)  # the compiler's log
+
+
+@pytest.mark.skipif(not EMULATED, reason="the emulator claims the OS version a test sets")
+def test_before_macos_15_safe_math_through_fast_math_off(head_file):
+    _core._metal_emu_set_os_version(14, 0)
+    path = head_file("Q5_K")
+    cpu = muser.Head.load(path, device="cpu", route="canonical")
+    gpu = muser.Head.load(path, device="metal", route="canonical")
+    x = hidden_states(SHAPES["Q5_K"], 3)
+    assert_bitwise(gpu(x), cpu(x).copy(), "canonical on the pre-macOS-15 path")
