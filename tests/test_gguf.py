@@ -163,7 +163,7 @@ def test_version_2_is_read(tmp_path):
 def test_missing_file_names_the_path(tmp_path):
     with pytest.raises(muser.GGUFError, match="absent.gguf"):
         muser.GGUFFile(tmp_path / "absent.gguf")
-    with pytest.raises(muser.GGUFError, match="not a regular file"):
+    with pytest.raises(muser.GGUFError, match="is a directory, expected a regular GGUF file"):
         muser.GGUFFile(tmp_path)
 
 
