@@ -39,7 +39,8 @@ python3 -m venv --system-site-packages --without-pip build/venv-asan
 build/venv-asan/bin/python -m pip install -q --no-build-isolation -C build-dir=build/ci-py-asan \
   -C cmake.build-type=Debug -C cmake.define.MUSER_BUILD_CUDA=OFF \
   -C cmake.define.MUSER_SANITIZE=address,undefined . > build/ci-py-asan.log 2>&1 || { cat build/ci-py-asan.log; exit 1; }
-build/venv-asan/bin/python -c "import muser, sys; sys.exit('venv-asan' not in muser.__file__)"
+# the tests below must import this build (found, not imported: it needs the ASan preload)
+build/venv-asan/bin/python -c "import importlib.util as u, sys; o = u.find_spec('muser').origin; print(o); sys.exit('venv-asan' not in o)"
 
 step "ASan+UBSan: the Python tests with the sanitizer runtime preloaded, LeakSanitizer on (tests/lsan-python.supp)"
 # The extension is loaded into an uninstrumented python, so the ASan runtime
