@@ -4,7 +4,7 @@ the malformed files of test_gguf_malformed.py -- each checked here for the
 outcome the suite expects. With MUSER_FUZZ_CORPUS_DIR set, the files are also
 written there (CI's fuzz smoke run and tests/fuzz/run.sh seed from it).
 
-The heads are small (hidden 256, a few rows) so each fuzzer input runs every
+The heads are small (hidden 256 or less, 5 rows) so each fuzzer input runs every
 route in well under a millisecond and mutations stay near valid files.
 """
 from __future__ import annotations
@@ -32,6 +32,10 @@ HEADS.update({
                            norm_bias=True),
     "head_granite": dict(arch="granite", weight_type="F16", logit_scale=8.0, softcap=None),
     "head_grok": dict(arch="grok", weight_type="BF16", logit_scale=0.5, softcap=30.0),
+    # float rows whose length is not a multiple of the 32 SIMD lanes (masked tails)
+    "head_f32_hidden_100": dict(weight_type="F32", hidden=100),
+    "head_f16_hidden_67": dict(weight_type="F16", hidden=67),
+    "head_bf16_hidden_33": dict(weight_type="BF16", hidden=33, tied=True),
     "head_with_tokenizer": dict(weight_type="Q8_0", extra_metadata={
         "general.name": "fuzz seed", "tokenizer.ggml.tokens": ["<pad>", "a", "\u00e9t\u00e9", ""],
         "tokenizer.ggml.scores": [0.0, -1.5, -2.25, 3.0], "general.file_type": 7, "flag": True}),
@@ -52,11 +56,12 @@ def test_seed_corpus(tmp_path):
         os.makedirs(out, exist_ok=True)
     files = {}
     for name, kw in HEADS.items():
-        path = write_head_gguf(tmp_path / f"{name}.gguf", hidden=256, vocab=VOCAB, seed=len(files), **kw)
+        kw = dict(hidden=256, **kw) if "hidden" not in kw else kw
+        path = write_head_gguf(tmp_path / f"{name}.gguf", vocab=VOCAB, seed=len(files), **kw)
         with open(path, "rb") as f:
             files[name] = f.read()
         # a valid seed must load and run on every route (q8 where the type allows)
-        x = np.linspace(-2, 2, 256, dtype=np.float32)[None, :]
+        x = np.linspace(-2, 2, kw["hidden"], dtype=np.float32)[None, :]
         for route in ("reference", "fused", "graph", "canonical"):
             logits = np.asarray(muser.Head.load(path, route=route)(x))
             assert logits.shape == (1, VOCAB) and np.isfinite(logits).all(), (name, route)

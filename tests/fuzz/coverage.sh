@@ -6,8 +6,9 @@
 #   tests/fuzz/coverage.sh [CORPUS_DIR ...]   (default: build/fuzz-work/corpus build/fuzz-corpus)
 #
 # Writes build/fuzz-cov/report.txt (per file) and prints its TOTAL line.
-# MUSER_CPU_ISA (scalar, avx2, avx512) picks the SIMD twin that runs, as in
-# the fuzz run itself.
+# The corpus is run once per SIMD twin named in COV_ISAS (e.g.
+# "scalar avx2 avx512"; default: only the machine's best, as a fuzz run
+# without MUSER_CPU_ISA uses), the profiles merged.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dirs=("$@")
@@ -19,8 +20,11 @@ cmake -S . -B "$out" -DMUSER_FUZZ=ON -DMUSER_BUILD_PYTHON=OFF -DMUSER_BUILD_CUDA
       -DCMAKE_EXE_LINKER_FLAGS="-fprofile-instr-generate" > /dev/null
 cmake --build "$out" -j "$(nproc 2>/dev/null || echo 2)" --target muser_fuzz_gguf > /dev/null
 rm -f "$out"/*.profraw
-LLVM_PROFILE_FILE="$out/fuzz-%p.profraw" ASAN_OPTIONS=detect_leaks=0 \
-  "$out/tests/fuzz/muser_fuzz_gguf" -runs=0 -max_len=16384 "${dirs[@]}" > "$out/replay.log" 2>&1
+for isa in ${COV_ISAS:-default}; do
+  [ "$isa" = default ] && isa_env=() || isa_env=(MUSER_CPU_ISA="$isa")
+  env "${isa_env[@]}" LLVM_PROFILE_FILE="$out/fuzz-%p.profraw" ASAN_OPTIONS=detect_leaks=0 \
+    "$out/tests/fuzz/muser_fuzz_gguf" -runs=0 -max_len=16384 "${dirs[@]}" > "$out/replay-$isa.log" 2>&1
+done
 llvm-profdata merge -sparse "$out"/*.profraw -o "$out/fuzz.profdata"
 llvm-cov report "$out/tests/fuzz/muser_fuzz_gguf" -instr-profile="$out/fuzz.profdata" \
   src/cpp > "$out/report.txt"
