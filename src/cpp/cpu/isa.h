@@ -17,4 +17,14 @@ const char* isa_name(Isa isa);
 // The available path named `name`; throws ArgValueError naming the choices.
 Isa isa_by_name(const std::string& name);
 
+#if defined(MUSER_X86)
+// The x86 features the SIMD twins need, as this CPU and OS provide them.
+struct X86Features {
+  bool avx2 = false, fma = false, f16c = false, bmi2 = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512vnni = false, avx512vbmi = false;
+};
+X86Features x86_features();
+#endif
+
 }  // namespace muser::cpu

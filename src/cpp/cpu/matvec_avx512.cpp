@@ -30,9 +30,10 @@
 // x86 only: CMake compiles every source on every platform (MUSER_X86 is its flag).
 #if defined(MUSER_X86)
 
-// VBMI (the byte permute) is not among CMake's AVX-512 flags; isa.cpp only
-// selects this path on CPUs that have it (Ice Lake, Zen 4 and later).
-#pragma GCC target("avx512vbmi")  // also -mavx512vbmi (CMakeLists.txt): clang ignores this pragma
+// VBMI (the byte permute) is added to this file's flags alone in
+// CMakeLists.txt (a per-file flag, not a pragma: clang has no
+// `#pragma GCC target`); isa.cpp only selects this path on CPUs that have it
+// (Ice Lake, Zen 4 and later).
 #include <immintrin.h>
 
 #include <algorithm>
