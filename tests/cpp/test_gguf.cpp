@@ -12,6 +12,7 @@
 
 #include "errors.h"
 #include "gguf.h"
+#include "gguf_bytes.h"
 
 namespace {
 
@@ -19,27 +20,7 @@ using muser::GGUFError;
 using muser::GGUFFile;
 using muser::GGUFType;
 
-// Appends little-endian GGUF fields to a byte buffer.
-struct Bytes {
-  std::vector<uint8_t> b;
-  template <class T>
-  Bytes& put(T v) {
-    uint8_t raw[sizeof(T)];
-    std::memcpy(raw, &v, sizeof(T));
-    b.insert(b.end(), raw, raw + sizeof(T));
-    return *this;
-  }
-  Bytes& str(const std::string& s) {
-    put<uint64_t>(s.size());
-    b.insert(b.end(), s.begin(), s.end());
-    return *this;
-  }
-  Bytes& kv_header(const std::string& key, GGUFType t) { return str(key).put<uint32_t>(static_cast<uint32_t>(t)); }
-  Bytes& pad_to(size_t alignment) {
-    while (b.size() % alignment) b.push_back(0);
-    return *this;
-  }
-};
+using muser_test::Bytes;
 
 class GGUFReaderTest : public ::testing::Test {
  protected:

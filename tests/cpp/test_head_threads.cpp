@@ -14,31 +14,13 @@
 
 #include "device.h"
 #include "gguf.h"
+#include "gguf_bytes.h"
 #include "head.h"
 #include "quant_types.h"
 
 namespace {
 
-struct Bytes {
-  std::vector<uint8_t> b;
-  template <class T>
-  Bytes& put(T v) {
-    uint8_t raw[sizeof(T)];
-    std::memcpy(raw, &v, sizeof(T));
-    b.insert(b.end(), raw, raw + sizeof(T));
-    return *this;
-  }
-  Bytes& str(const std::string& s) {
-    put<uint64_t>(s.size());
-    b.insert(b.end(), s.begin(), s.end());
-    return *this;
-  }
-  Bytes& kv(const std::string& key, muser::GGUFType t) { return str(key).put<uint32_t>(static_cast<uint32_t>(t)); }
-  Bytes& pad_to(size_t a) {
-    while (b.size() % a) b.push_back(0);
-    return *this;
-  }
-};
+using muser_test::Bytes;
 
 // A Muse Glimmer-style head: H x V Q8_0 weight with small finite scales, gamma,
 // logit scale and soft cap.
@@ -47,11 +29,11 @@ std::vector<uint8_t> head_file(int64_t H, int64_t V, uint32_t seed) {
   Bytes f;
   f.b = {'G', 'G', 'U', 'F'};
   f.put<uint32_t>(3).put<uint64_t>(2).put<uint64_t>(5);
-  f.kv("general.architecture", GGUFType::STRING).str("muse-glimmer");
-  f.kv("muse-glimmer.embedding_length", GGUFType::UINT32).put<uint32_t>((uint32_t)H);
-  f.kv("muse-glimmer.attention.layer_norm_rms_epsilon", GGUFType::FLOAT32).put<float>(1e-5f);
-  f.kv("muse-glimmer.logit_scale", GGUFType::FLOAT32).put<float>(0.196116f);
-  f.kv("muse-glimmer.final_logit_softcapping", GGUFType::FLOAT32).put<float>(20.0f);
+  f.kv_header("general.architecture", GGUFType::STRING).str("muse-glimmer");
+  f.kv_header("muse-glimmer.embedding_length", GGUFType::UINT32).put<uint32_t>((uint32_t)H);
+  f.kv_header("muse-glimmer.attention.layer_norm_rms_epsilon", GGUFType::FLOAT32).put<float>(1e-5f);
+  f.kv_header("muse-glimmer.logit_scale", GGUFType::FLOAT32).put<float>(0.196116f);
+  f.kv_header("muse-glimmer.final_logit_softcapping", GGUFType::FLOAT32).put<float>(20.0f);
   const uint64_t norm_bytes = (uint64_t)H * 4, norm_padded = (norm_bytes + 31) / 32 * 32;
   f.str("output_norm.weight").put<uint32_t>(1).put<uint64_t>((uint64_t)H).put<uint32_t>(0).put<uint64_t>(0);
   f.str("output.weight").put<uint32_t>(2).put<uint64_t>((uint64_t)H).put<uint64_t>((uint64_t)V);
