@@ -23,54 +23,25 @@
 
 #include "cpu/kernels.h"
 #include "errors.h"
+#include "muser/q8_dot.h"
 #include "quant_types.h"
 
 namespace muser::cpu {
 
 namespace {
 
-// x86 cvtps2dq after roundps(nearest): round half to even; NaN (only
-// reachable with check_finite=False) becomes the "integer indefinite" value,
-// which ggml's saturating packs turn into -128.
-inline int8_t round_even_to_i8(float v) {
-  if (!(v == v)) return -128;
-  const float r = nearbyintf(v);  // default rounding mode: to nearest, ties to even
-  return (int8_t)(r > 127.0f ? 127 : (r < -128.0f ? -128 : (int)r));
-}
-
+// One activation block quantized by the shared bodies (muser/q8_dot.h), the
+// same code the GPU kernels run; the CPU adds ggml's bsums.
 void quantize_block_q8_k(const float* x, BlockQ8_K* y) {
-  float max = 0.0f, amax = 0.0f;
-  for (int j = 0; j < kQK_K; ++j) {
-    const float ax = fabsf(x[j]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[j];
-    }
-  }
-  if (!(amax != 0.0f)) {
-    memset(y, 0, sizeof(*y));
-    return;
-  }
-  const float iscale = -127.0f / max;
-  for (int j = 0; j < kQK_K; ++j) {
-    const int v = nearest_int(iscale * x[j]);
-    y->qs[j] = (int8_t)(v < 127 ? v : 127);
-  }
+  y->d = q8_quantize_block_q8_k(x, y->qs);
   for (int g = 0; g < kQK_K / 16; ++g) {
     int sum = 0;
     for (int i = 0; i < 16; ++i) sum += y->qs[16 * g + i];
     y->bsums[g] = (int16_t)sum;
   }
-  y->d = 1.0f / iscale;
 }
 
-void quantize_block_q8_0(const float* x, BlockQ8_0* y) {
-  float amax = 0.0f;
-  for (int j = 0; j < kQK8_0; ++j) amax = fmaxf(amax, fabsf(x[j]));
-  y->d = f32_to_f16(amax / 127.0f);
-  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-  for (int j = 0; j < kQK8_0; ++j) y->qs[j] = round_even_to_i8(x[j] * id);
-}
+void quantize_block_q8_0(const float* x, BlockQ8_0* y) { y->d = q8_quantize_block_q8_0(x, y->qs); }
 
 // The 32-element sub-block order of a Q4_K/Q5_K 64-byte nibble load.
 constexpr int kNibbleOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
