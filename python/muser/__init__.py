@@ -12,7 +12,7 @@ from ._quant import dequantize, quantize
 from .errors import DeviceError, Error, GGUFError, NonFiniteError, SpecError
 from .compare import BoundedLogitPolicy, CompareResult, compare
 from ._device import DeviceArray
-from .head import Head, HeadSpec, NodeProfile
+from .head import Head, HeadSpec, NodeProfile, Scores
 
 __version__: str = build_info()["version"]
 
@@ -20,6 +20,7 @@ __all__ = [
     "Head",
     "HeadSpec",
     "NodeProfile",
+    "Scores",
     "DeviceArray",
     "GGUFFile",
     "quantize",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -102,6 +102,16 @@ class NodeProfile:
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
 
 
+class Scores(NamedTuple):
+    """What :meth:`Head.score` returns for chosen tokens: each field takes the
+    shape of ``token_ids`` (``logsumexp``: one per row, a float for one row)."""
+
+    logprobs: Any   # float32: logit - logsumexp (the capped logits' log-softmax)
+    logits: Any     # float32: the capped logit
+    ranks: Any      # int64, 1-based: ties to the lower id, NaN behind every number
+    logsumexp: Any  # float32 per row
+
+
 class Head:
     """A model head loaded from a GGUF file.
 
@@ -147,6 +157,7 @@ class Head:
         self._route = route
         self._spec = HeadSpec(**core.spec)
         self._ranks_on_device = bool(core.caps["ranks_on_device"]) and pinned is None
+        self._threads = 0  # the reductions' CPU threads: the default
         return self
 
     @classmethod
@@ -366,6 +377,82 @@ class Head:
         ids = np.asarray(ids, dtype=np.int64).reshape(rows.shape[0], k)
         vals = np.asarray(vals, dtype=np.float32).reshape(rows.shape[0], k)
         return (ids[0], vals[0]) if single else (ids, vals)
+
+    # ---- what users compute from the logits (docs/numerics.md: the vocabulary reduction) ----
+    def _host_logits(self, hidden: Any, check_finite: bool) -> tuple[np.ndarray, bool]:
+        rows, single = self._rows(hidden) if not _device.is_device_array(hidden) else (None, False)
+        if rows is None:  # a device hidden state: its logits come back to the host
+            logits = self(hidden, check_finite=check_finite)
+            return (logits.reshape(1, -1) if logits.ndim == 1 else logits), logits.ndim == 1
+        return self(rows, check_finite=check_finite), single
+
+    def logsumexp(self, hidden: Any, *, check_finite: bool = True) -> Union[float, np.ndarray]:
+        """The logsumexp of each row's logits: a float for ``[H]``, float32 ``[t]`` for ``[t, H]``.
+
+        The canonical order (tiles of 2,048 ids, 32 lanes, fixed merge trees; exp and
+        log from exact operations): the same bits for any batch size and thread count.
+        """
+        logits, single = self._host_logits(hidden, check_finite)
+        lse = np.asarray(_core.logsumexp_rows(logits, self._threads), dtype=np.float32)
+        return float(lse[0]) if single else lse
+
+    def log_softmax(self, hidden: Any, *, out: Optional[np.ndarray] = None,
+                    check_finite: bool = True) -> np.ndarray:
+        """Log-probabilities ``logit - logsumexp`` per row: float32 ``[V]`` or ``[t, V]``, a view
+        of a buffer the head owns (like ``head(hidden)``), or ``out`` when given."""
+        V = self._spec.vocab_size
+        if _device.is_device_array(hidden):
+            logits, single = self._host_logits(hidden, check_finite)  # a new host array
+            if out is not None:
+                self._check_out(out, logits.shape[0], single)
+                out.reshape(logits.shape)[...] = logits
+                logits = out.reshape(logits.shape)
+        else:
+            rows, single = self._rows(hidden)
+            if out is not None:
+                self._check_out(out, rows.shape[0], single)
+            logits = self(rows, out=None if out is None else out.reshape(rows.shape[0], V), check_finite=check_finite)
+        lse = _core.logsumexp_rows(logits, self._threads)
+        _core.log_softmax_inplace(logits, lse, self._threads)
+        if out is not None:
+            return out
+        return logits[0] if single else logits
+
+    def score(self, hidden: Any, token_ids: Any, *, check_finite: bool = True) -> Scores:
+        """The log-probability, capped logit and 1-based rank of chosen tokens, and each row's
+        logsumexp (see :class:`Scores`).
+
+        ``token_ids``: an int or int array ``[m]`` for one row ``[H]``; ``[t]`` (one token per
+        row) or ``[t, m]`` for a batch ``[t, H]``. Ids must lie in ``[0, V)``.
+        """
+        logits, single = self._host_logits(hidden, check_finite)
+        t = logits.shape[0]
+        ids = np.asarray(token_ids)
+        if ids.dtype.kind not in "iu" or ids.dtype == np.bool_:
+            raise TypeError(f"token_ids must be integers, got {ids.dtype}")
+        shape = ids.shape
+        if single:
+            if ids.ndim > 1:
+                raise ValueError(f"token_ids for one row must be an int or [m], got shape {shape}")
+            grid = ids.reshape(1, -1)
+        elif ids.ndim == 1 and ids.shape[0] == t:
+            grid = ids.reshape(t, 1)
+        elif ids.ndim == 2 and ids.shape[0] == t:
+            grid = ids
+        else:
+            raise ValueError(f"token_ids for {t} rows must have shape [{t}] or [{t}, m], got {shape}")
+        grid = np.ascontiguousarray(grid, dtype=np.int64)
+        V = self._spec.vocab_size
+        if grid.size and (grid.min() < 0 or grid.max() >= V):
+            raise ValueError(f"token ids must lie in [0, {V}), got min {grid.min()} and max {grid.max()}")
+        lp, vals, ranks, lse = _core.score_rows(logits, grid, self._threads)
+        lp = np.asarray(lp, np.float32).reshape(shape)
+        vals = np.asarray(vals, np.float32).reshape(shape)
+        ranks = np.asarray(ranks, np.int64).reshape(shape)
+        lse = np.asarray(lse, np.float32)
+        if single and ids.ndim == 0:
+            return Scores(float(lp), float(vals), int(ranks), float(lse[0]))
+        return Scores(lp, vals, ranks, float(lse[0]) if single else lse)
 
     def profile(self, hidden: Any, *, check_finite: bool = True) -> list[NodeProfile]:
         """Run once and report each kernel's time and bytes under the labels of its nodes.

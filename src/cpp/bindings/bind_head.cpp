@@ -286,6 +286,50 @@ void bind_head(nb::module_& m) {
         return nb::cast(view_of(buf, 1, buf->count, h));
       });
 
+  // ---- the consumer's reductions over host logits (canonical order: muser/logsumexp.h) ----
+  m.def("logsumexp_rows", [](const AnyArray& logits, int threads) {
+    const float* y = f32_matrix(logits, "logits", -1);
+    const int64_t t = (int64_t)logits.shape(0), V = (int64_t)logits.shape(1);
+    cpu::check_threads(threads);
+    std::vector<float> lse((size_t)t);
+    {
+      nb::gil_scoped_release release;
+      cpu::logsumexp_rows(y, (int)t, V, threads > 0 ? threads : cpu::default_threads(), lse.data());
+    }
+    return lse;
+  }, nb::arg("logits"), nb::arg("threads") = 0);
+  m.def("log_softmax_inplace", [](WritableArray logits, const std::vector<float>& lse, int threads) {
+    if (logits.dtype() != nb::dtype<float>() || logits.ndim() != 2 || !c_contiguous(AnyArray(logits), 4))
+      throw ArgValueError("logits must be a C-contiguous float32 [t, V] array");
+    const int64_t t = (int64_t)logits.shape(0), V = (int64_t)logits.shape(1);
+    if ((int64_t)lse.size() != t) throw ArgValueError("lse must hold one value per row");
+    cpu::check_threads(threads);
+    nb::gil_scoped_release release;
+    cpu::log_softmax_rows(static_cast<float*>(logits.data()), (int)t, V, lse.data(),
+                          threads > 0 ? threads : cpu::default_threads());
+  }, nb::arg("logits"), nb::arg("lse"), nb::arg("threads") = 0);
+  m.def("score_rows", [](const AnyArray& logits, const AnyArray& ids, int threads) {
+    const float* y = f32_matrix(logits, "logits", -1);
+    const int64_t t = (int64_t)logits.shape(0), V = (int64_t)logits.shape(1);
+    if (ids.dtype() != nb::dtype<int64_t>() || ids.ndim() != 2 || (int64_t)ids.shape(0) != t || !c_contiguous(ids, 8))
+      throw ArgValueError("token ids must be a C-contiguous int64 [t, m] array");
+    const int m = (int)ids.shape(1);
+    const auto* id = static_cast<const int64_t*>(ids.data());
+    for (int64_t q = 0; q < t * m; ++q)
+      if (id[q] < 0 || id[q] >= V)
+        throw ArgValueError("token id " + std::to_string(id[q]) + " is outside [0, " + std::to_string(V) + ")");
+    cpu::check_threads(threads);
+    std::vector<float> lse((size_t)t), logprobs((size_t)(t * m)), values((size_t)(t * m));
+    std::vector<int64_t> ranks((size_t)(t * m));
+    {
+      nb::gil_scoped_release release;
+      const int n = threads > 0 ? threads : cpu::default_threads();
+      cpu::logsumexp_rows(y, (int)t, V, n, lse.data());
+      cpu::score_rows(y, (int)t, V, id, m, lse.data(), n, logprobs.data(), values.data(), ranks.data());
+    }
+    return nb::make_tuple(logprobs, values, ranks, lse);
+  }, nb::arg("logits"), nb::arg("ids"), nb::arg("threads") = 0);
+
   // float16 / bfloat16 host arrays (torch tensors through DLPack too) widened
   // exactly to a new float32 array of the same shape
   m.def("widen_to_f32", [](const AnyArray& a) {

@@ -92,4 +92,14 @@ void softcap_canon_inplace(float* y, int64_t n, float scale, float cap, float in
 void softcap_canon_isa(Isa isa, float* y, int64_t n, float scale, float cap, float inv_cap);
 void softcap_canon_scalar(float* y, int64_t n, float scale, float cap, float inv_cap);
 
+// ---- the consumer's reductions over host logits [t x V] (cpu/logsumexp.cpp) ----
+// lse[r] = the canonical logsumexp of row r (muser/logsumexp.h).
+void logsumexp_rows(const float* logits, int t, int64_t V, int threads, float* lse);
+// logits[r, i] -= lse[r], in place: log-softmax.
+void log_softmax_rows(float* logits, int t, int64_t V, const float* lse, int threads);
+// For ids [t x m]: the logit, logit - lse and the 1-based rank (ties: the lower id
+// first; NaN behind every number) of each chosen token.
+void score_rows(const float* logits, int t, int64_t V, const int64_t* ids, int m, const float* lse, int threads,
+                float* logprobs, float* values, int64_t* ranks);
+
 }  // namespace muser::cpu

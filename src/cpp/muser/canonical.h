@@ -47,6 +47,16 @@ MUSER_CONSTANT constexpr float kCanonTanhQ1 = 1.33315101e-01f;
 MUSER_CONSTANT constexpr float kCanonTanhQ0 = -3.33332837e-01f;
 MUSER_CONSTANT constexpr float kCanonTanhSmall = 0.625f;  // below: the polynomial
 MUSER_CONSTANT constexpr float kCanonTanhOne = 9.1f;      // from here on: +-1 (tanh rounds to 1 beyond 9.01)
+// e^x for x <= 0 underflows past this (e^-87.3 ~ FLT_MIN): 0 below it
+MUSER_CONSTANT constexpr float kCanonExpMin = -87.3f;
+// log(1 + f) = 2u + 2u z Q(z), u = f / (2 + f), z = u^2, |u| <= 0.1716; Q's
+// terms are atanh's series 1/3, 1/5, ..., from the top
+MUSER_CONSTANT constexpr float kCanonLogQ4 = 9.09090936e-02f;  // 1/11
+MUSER_CONSTANT constexpr float kCanonLogQ3 = 1.11111112e-01f;  // 1/9
+MUSER_CONSTANT constexpr float kCanonLogQ2 = 1.42857149e-01f;  // 1/7
+MUSER_CONSTANT constexpr float kCanonLogQ1 = 2.00000003e-01f;  // 1/5
+MUSER_CONSTANT constexpr float kCanonLogQ0 = 3.33333343e-01f;  // 1/3
+MUSER_CONSTANT constexpr float kCanonSqrt2 = 1.41421354f;
 
 // Join 32 lane partials: for offset 16, 8, 4, 2, 1: a[l] = a[l] + a[l + offset].
 template <class P>
@@ -88,6 +98,44 @@ MUSER_HD float canon_exp_pos(float y) {
   const float p = canon_exp_poly(y, n);
   const float two_n = bits_to_f32((uint32_t)((int)n + 127) << 23);
   return p * two_n;
+}
+
+// e^x for x <= 0 (the logsumexp terms): the same n, r and P as canon_exp_pos,
+// 2^n built in the exponent bits (n >= -126); 0 below kCanonExpMin and for
+// -inf; NaN propagates.
+MUSER_HD float canon_exp_nonpos(float x) {
+  if (!(x == x)) return x;
+  if (x < kCanonExpMin) return 0.0f;
+  const float n = canon_exp_n(x);
+  const float p = canon_exp_poly(x, n);
+  return p * bits_to_f32((uint32_t)((int)n + 127) << 23);
+}
+
+// log(s) for s >= 1 (a logsumexp's sum: its largest term is e^0): s = 2^e m
+// with m in [1/sqrt2, sqrt2) (the halving and m - 1 are exact), then
+// e ln2 (the two-part constant, e ln2_hi exact) + log(1 + f). NaN and +inf
+// propagate.
+MUSER_HD float canon_log(float s) {
+  if (!(s == s) || s > 3.40282347e38f) return s;
+  const uint32_t b = f32_to_bits(s);
+  int e = (int)((b >> 23) & 0xffu) - 127;
+  float m = bits_to_f32((b & 0x007fffffu) | 0x3f800000u);
+  if (m > kCanonSqrt2) {
+    m = m * 0.5f;
+    e += 1;
+  }
+  const float f = m - 1.0f;
+  const float u = f / (2.0f + f);
+  const float z = u * u;
+  float q = kCanonLogQ4;
+  q = fmaf(q, z, kCanonLogQ3);
+  q = fmaf(q, z, kCanonLogQ2);
+  q = fmaf(q, z, kCanonLogQ1);
+  q = fmaf(q, z, kCanonLogQ0);
+  const float two_u = u + u;
+  const float log1p = fmaf(two_u * z, q, two_u);
+  const float ef = (float)e;
+  return fmaf(ef, kCanonLn2Hi, fmaf(ef, kCanonLn2Lo, log1p));
 }
 
 // tanh(a) for 0 <= a < kCanonTanhSmall: a + a^3 * Q(a^2).

@@ -1,0 +1,118 @@
+"""What users compute from the logits: logsumexp, log-softmax and the scores
+of chosen tokens, in the canonical vocabulary reduction (docs/numerics.md):
+against a float64 oracle on every weight type, bit-exact identities between
+them, ranks against a full sort, invariance to batch size and thread count,
+and bad arguments refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import muser
+from muser import _core
+
+from conftest import hidden_states
+
+TYPES = ["Q5_K", "Q6_K", "Q4_K", "Q8_0", "F16", "BF16", "F32"]
+
+
+def bits(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def lse_f64(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    return (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))[:, 0]
+
+
+@pytest.mark.parametrize("weight_type", TYPES)
+def test_logsumexp_and_log_softmax_against_float64(head_file, rng, weight_type):
+    head = muser.Head.load(head_file(weight_type=weight_type, hidden=512, vocab=4099, random_quants=True),
+                           route="canonical")
+    x = hidden_states(rng, 3, 512)
+    logits = np.array(head(x))
+    want = lse_f64(logits)
+    got = head.logsumexp(x)
+    assert got.dtype == np.float32 and got.shape == (3,)
+    np.testing.assert_allclose(got, want, rtol=4 * 2.0 ** -23, atol=0)
+    ls = head.log_softmax(x)
+    np.testing.assert_array_equal(bits(ls), bits(logits - got[:, None]))  # one subtraction per logit
+    p = np.exp(ls.astype(np.float64)).sum(axis=1)
+    np.testing.assert_allclose(p, 1.0, rtol=2e-6)
+
+
+@pytest.mark.parametrize("n", [1, 31, 2047, 2048, 2049, 6000, 262144])
+def test_the_reduction_on_awkward_lengths_and_values(rng, n):
+    v = (rng.standard_normal((2, n)) * rng.choice([1.0, 30.0, 300.0])).astype(np.float32)
+    got = np.asarray(_core.logsumexp_rows(v, 2), np.float32)
+    np.testing.assert_allclose(got, lse_f64(v), rtol=4 * 2.0 ** -23)
+    # threads never change a bit
+    np.testing.assert_array_equal(bits(got), bits(np.asarray(_core.logsumexp_rows(v, 1))))
+    # rows are independent: row 1 alone equals row 1 of the pair
+    np.testing.assert_array_equal(bits(got[1:]), bits(np.asarray(_core.logsumexp_rows(v[1:].copy(), 2))))
+
+
+def test_minus_inf_adds_nothing_and_nan_propagates():
+    v = np.full((3, 5000), -np.inf, np.float32)
+    v[1, 4321] = 2.5
+    v[2, :] = 0.0
+    v[2, 17] = np.nan
+    got = np.asarray(_core.logsumexp_rows(v, 2))
+    assert got[0] == -np.inf
+    assert got[1] == np.float32(2.5)  # one finite logit: log(1) = 0 exactly
+    assert np.isnan(got[2])
+
+
+def test_score_equals_log_softmax_gathered_and_ranks_a_full_sort(head_file, rng):
+    head = muser.Head.load(head_file(weight_type="Q8_0", hidden=256, vocab=3001), route="canonical")
+    x = hidden_states(rng, 4, 256)
+    logits = np.array(head(x))
+    logits[2, 10] = logits[2, 11]  # a tie: the lower id ranks first
+    ids = np.array([[10, 11, 0], [5, 6, 7], [10, 11, 3000], [1, 2, 3]])
+    lse = np.asarray(_core.logsumexp_rows(logits, 0), np.float32)
+    lp, vals, ranks, lse2 = (np.asarray(a) for a in _core.score_rows(logits, ids, 0))
+    np.testing.assert_array_equal(bits(lse2), bits(lse))
+    np.testing.assert_array_equal(bits(lp.reshape(ids.shape)),
+                                  bits(np.take_along_axis(logits, ids, 1) - lse[:, None]))
+    order = np.argsort(-logits, axis=1, kind="stable")  # ties by id
+    rank_of = np.empty_like(order)
+    np.put_along_axis(rank_of, order, np.arange(1, logits.shape[1] + 1)[None, :].repeat(4, 0), 1)
+    np.testing.assert_array_equal(ranks.reshape(ids.shape), np.take_along_axis(rank_of, ids, 1))
+    # through the head, from hidden states: the same, and batch rows equal single steps
+    s = head.score(x[:2], ids[:2])
+    np.testing.assert_array_equal(bits(s.logprobs), bits(head.log_softmax(x[:2])[np.arange(2)[:, None], ids[:2]]))
+    one = head.score(x[1], ids[1])
+    np.testing.assert_array_equal(bits(one.logprobs), bits(s.logprobs[1]))
+    np.testing.assert_array_equal(one.ranks, s.ranks[1])
+
+
+def test_score_shapes(head_file, rng):
+    head = muser.Head.load(head_file(weight_type="Q8_0", hidden=256, vocab=3001))
+    x = hidden_states(rng, 3, 256)
+    s = head.score(x[0], 5)
+    assert isinstance(s.logprobs, float) and isinstance(s.ranks, int) and isinstance(s.logsumexp, float)
+    assert head.score(x[0], [5, 6]).logprobs.shape == (2,)
+    s = head.score(x, [1, 2, 3])  # one target per row
+    assert s.logprobs.shape == (3,) and s.logsumexp.shape == (3,) and s.ranks.dtype == np.int64
+    assert head.score(x, np.zeros((3, 4), np.int64)).logits.shape == (3, 4)
+
+
+@pytest.mark.parametrize("ids,err", [(-1, ValueError), (3001, ValueError), (1.5, TypeError), ([[1, 2]], ValueError)])
+def test_score_refuses_bad_ids(head_file, rng, ids, err):
+    head = muser.Head.load(head_file(weight_type="Q8_0", hidden=256, vocab=3001))
+    with pytest.raises(err):
+        head.score(hidden_states(rng, 1, 256)[0], ids)
+
+
+def test_log_softmax_is_a_view_or_writes_out(head_file, rng):
+    head = muser.Head.load(head_file(weight_type="Q8_0", hidden=256, vocab=3001))
+    x = hidden_states(rng, 2, 256)
+    view = head.log_softmax(x)
+    assert not view.flags.owndata
+    out = np.empty((2, 3001), np.float32)
+    assert head.log_softmax(x, out=out) is out
+    np.testing.assert_array_equal(out, view)
+    single = np.empty(3001, np.float32)
+    head.log_softmax(x[1], out=single)
+    np.testing.assert_array_equal(single, view[1])
