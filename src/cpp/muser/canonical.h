@@ -112,7 +112,7 @@ MUSER_HD float canon_exp_nonpos(float x) {
 }
 
 // log(s) for s >= 1 (a logsumexp's sum: its largest term is e^0): s = 2^e m
-// with m in [1/sqrt2, sqrt2) (the halving and m - 1 are exact), then
+// with 1/sqrt2 <= m < sqrt2 (the halving and m - 1 are exact), then
 // e ln2 (the two-part constant, e ln2_hi exact) + log(1 + f). NaN and +inf
 // propagate.
 MUSER_HD float canon_log(float s) {
@@ -133,9 +133,9 @@ MUSER_HD float canon_log(float s) {
   q = fmaf(q, z, kCanonLogQ1);
   q = fmaf(q, z, kCanonLogQ0);
   const float two_u = u + u;
-  const float log1p = fmaf(two_u * z, q, two_u);
+  const float log_1p = fmaf(two_u * z, q, two_u);
   const float ef = (float)e;
-  return fmaf(ef, kCanonLn2Hi, fmaf(ef, kCanonLn2Lo, log1p));
+  return fmaf(ef, kCanonLn2Hi, fmaf(ef, kCanonLn2Lo, log_1p));
 }
 
 // tanh(a) for 0 <= a < kCanonTanhSmall: a + a^3 * Q(a^2).

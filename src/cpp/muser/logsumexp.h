@@ -34,7 +34,7 @@ MUSER_HD LsePair lse_merge(LsePair a, LsePair b) {
   return LsePair{M, fmaf(a.s, canon_exp_nonpos(a.m - M), b.s * canon_exp_nonpos(b.m - M))};
 }
 
-// The pair of one tile: logits v[0, n), n <= kLseTile, lanes then the tree.
+// The pair of one tile: the n logits at v, n <= kLseTile, lanes then the tree.
 template <class P>
 MUSER_HD LsePair lse_tile(P v, int n) {
   LsePair lane[kCanonLanes];
@@ -45,7 +45,7 @@ MUSER_HD LsePair lse_tile(P v, int n) {
   return lane[0];
 }
 
-// Joins tiles[0, n) in place by the fixed tree (pairs 2k, 2k+1 per level, an
+// Joins the n tile pairs in place by the fixed tree (pairs 2k, 2k+1 per level, an
 // odd last one carried up); the result is tiles[0].
 template <class P>
 MUSER_HD LsePair lse_tree(P tiles, int n) {
