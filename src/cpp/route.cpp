@@ -70,6 +70,28 @@ bool is_matvec(NodeKind k) {
   return false;
 }
 
+EpilogueKargs epilogue_kargs(const Node& n, int64_t count) {
+  EpilogueKargs e;
+  e.n = count;
+  switch (n.kind) {
+    case NodeKind::Scale: e.scale = n.f0; break;
+    case NodeKind::SoftcapFused: e.scale = n.f0, e.cap = n.f1; break;
+    case NodeKind::SoftcapReference: e.cap = n.f1, e.inv_cap = n.f2; break;
+    case NodeKind::SoftcapCanon: e.scale = n.f0, e.cap = n.f1, e.inv_cap = n.f2; break;
+    case NodeKind::Tanh:
+    case NodeKind::RmsNorm:
+    case NodeKind::RmsNormCanon:
+    case NodeKind::LayerNorm:
+    case NodeKind::LayerNormCanon:
+    case NodeKind::MulGamma:
+    case NodeKind::MatvecReference:
+    case NodeKind::MatvecCanon:
+    case NodeKind::MatvecQ8:
+    case NodeKind::MatvecQ8Reference: break;
+  }
+  return e;
+}
+
 bool is_norm(NodeKind k) {
   return k == NodeKind::RmsNorm || k == NodeKind::RmsNormCanon || k == NodeKind::LayerNorm ||
          k == NodeKind::LayerNormCanon;

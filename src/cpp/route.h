@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "head_spec.h"
+#include "muser/kernel_args.h"
 
 namespace muser {
 
@@ -46,6 +47,9 @@ struct Node {
 };
 
 bool is_matvec(NodeKind k);
+// An element-wise epilogue node's scalar arguments over `count` logits, as
+// every backend's kernel reads them (muser/kernel_args.h).
+EpilogueKargs epilogue_kargs(const Node& n, int64_t count);
 bool is_norm(NodeKind k);
 
 Route parse_route(const std::string& name);  // throws ArgValueError

@@ -509,15 +509,7 @@ class MetalDevice final : public Device {
       return;
     }
     // element-wise epilogue over the t x V logits, in place
-    EpilogueKargs e;
-    e.n = (int64_t)t * V;
-    switch (n.kind) {
-      case NodeKind::Scale: e.scale = n.f0; break;
-      case NodeKind::SoftcapFused: e.scale = n.f0; e.cap = n.f1; break;
-      case NodeKind::SoftcapReference: e.cap = n.f1; e.inv_cap = n.f2; break;
-      case NodeKind::SoftcapCanon: e.scale = n.f0; e.cap = n.f1; e.inv_cap = n.f2; break;
-      default: break;
-    }
+    const EpilogueKargs e = epilogue_kargs(n, (int64_t)t * V);
     Dispatch d;
     d.kernel = k[0];
     d.bytes = {Bytes::of(e, 0)};

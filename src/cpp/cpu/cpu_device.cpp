@@ -75,14 +75,16 @@ void norm_row(NodeKind kind, const float* x, int64_t H, float eps, float* y) {
   throw Error(std::string("internal: ") + node_kind_name(kind) + " is not a norm");
 }
 
-// One element-wise epilogue node over n logits.
+// One element-wise epilogue node over n logits, from the node's kernel
+// arguments (muser/kernel_args.h, the struct every backend's kernel reads).
 void epilogue(const Node& node, float* y, int64_t n) {
+  const EpilogueKargs k = epilogue_kargs(node, n);
   switch (node.kind) {
-    case NodeKind::Scale: cpu::scale_inplace(y, n, node.f0); return;
-    case NodeKind::Tanh: cpu::tanh_inplace(y, n); return;
-    case NodeKind::SoftcapFused: cpu::softcap_fused_inplace(y, n, node.f0, node.f1); return;
-    case NodeKind::SoftcapReference: cpu::softcap_reference_inplace(y, n, node.f1, node.f2); return;
-    case NodeKind::SoftcapCanon: cpu::softcap_canon_inplace(y, n, node.f0, node.f1, node.f2); return;
+    case NodeKind::Scale: cpu::scale_inplace(y, k.n, k.scale); return;
+    case NodeKind::Tanh: cpu::tanh_inplace(y, k.n); return;
+    case NodeKind::SoftcapFused: cpu::softcap_fused_inplace(y, k.n, k.scale, k.cap); return;
+    case NodeKind::SoftcapReference: cpu::softcap_reference_inplace(y, k.n, k.cap, k.inv_cap); return;
+    case NodeKind::SoftcapCanon: cpu::softcap_canon_inplace(y, k.n, k.scale, k.cap, k.inv_cap); return;
     case NodeKind::RmsNorm:
     case NodeKind::RmsNormCanon:
     case NodeKind::LayerNorm:
