@@ -23,6 +23,17 @@
 #define MUSER_MTL_EXTERN extern
 #endif
 
+// Apple's availability of the two version-dependent members, so the macOS
+// cross-compile's -Werror=unguarded-availability sees what the SDK would.
+// Empty on Linux: the emulator build is unchanged (it asks its own OS answer).
+#if defined(__APPLE__)
+#define MUSER_MTL_API_MACOS(v) __attribute__((availability(macos, introduced = v)))
+#define MUSER_MTL_DEPRECATED_MACOS(from, to) __attribute__((availability(macos, introduced = from, deprecated = to)))
+#else
+#define MUSER_MTL_API_MACOS(v)
+#define MUSER_MTL_DEPRECATED_MACOS(from, to)
+#endif
+
 // ---- value types ----
 typedef struct {
   NSUInteger width;
@@ -108,8 +119,8 @@ MUSER_MTL_EXTERN NSString* const MTLLibraryErrorDomain;
 
 // ---- compile options: a class, not a protocol ----
 @interface MTLCompileOptions : NSObject <NSCopying>
-@property(readwrite, nonatomic) BOOL fastMathEnabled;  // default YES; deprecated on macOS 15
-@property(readwrite, nonatomic) MTLMathMode mathMode;  // macOS 15+; default Fast
+@property(readwrite, nonatomic) BOOL fastMathEnabled MUSER_MTL_DEPRECATED_MACOS(10.11, 15.0);  // default YES
+@property(readwrite, nonatomic) MTLMathMode mathMode MUSER_MTL_API_MACOS(15.0);            // default Fast
 @end
 
 // ---- resources ----
