@@ -247,7 +247,8 @@ class Head:
     def caps(self) -> dict[str, Any]:
         """What the head's device can do: ``resident_logits`` (``on_device=True``),
         ``ranks_on_device`` (argmax/top-k where the logits are), ``max_topk``,
-        ``dlpack_device``, ``ordinal``."""
+        ``dlpack_device`` (where its logits live), ``compute_device`` (the DLPack type of
+        what runs its kernels: 8 on Metal, whose logits are host memory), ``ordinal``."""
         return dict(self._core.caps)
 
     @property

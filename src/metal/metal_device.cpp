@@ -163,7 +163,8 @@ class MetalDevice final : public Device {
     DeviceCaps c;
     c.resident_logits = false;  // logits are host-visible already (unified memory): host views of MTLBuffers
     c.ranks_on_device = true;   // topk(): the topk.metal stages on the buffer the route wrote
-    c.dlpack_device = 1;
+    c.dlpack_device = 1;        // the logits: shared MTLBuffers, host memory to DLPack
+    c.compute_device = 8;       // kDLMetal: what runs the kernels (the pinned route dispatches on it)
     c.max_topk = kTopkMax;
     return c;
   }
