@@ -256,3 +256,85 @@ def test_before_macos_15_safe_math_through_fast_math_off(head_file):
     gpu = muser.Head.load(path, device="metal", route="canonical")
     x = hidden_states(SHAPES["Q5_K"], 3)
     assert_bitwise(gpu(x), cpu(x).copy(), "canonical on the pre-macOS-15 path")
+
+
+# ---- route="pinned" on Metal: ggml-metal's own kernels through libggml ----
+
+def _ggml_metal_reason():
+    from muser import _ggml
+
+    if not _ggml.available():
+        return _ggml.unavailable_reason()
+    return _ggml.lib().backend_unavailable_reason("Metal")
+
+
+# ggml-metal's mul_mat takes f32 activations against the dequantized weight
+# while ggml-cpu quantizes the activations first (Q8_K / Q8_0): the two differ
+# by that quantization, a few parts in a thousand of a logit; the bound leaves
+# room (unverified: no Apple GPU has run it).
+PINNED_METAL_BOUND = 2e-2  # of the largest |logit| of the CPU pinned route
+
+
+@pytest.mark.parametrize("weight_type", ["Q5_K", "Q8_0", "F16"])
+def test_pinned_on_metal_is_ggml_metal_close_to_cpu_pinned(head_file, weight_type):
+    reason = _ggml_metal_reason()
+    if reason:
+        pytest.skip(f"no ggml Metal backend (needs an Apple GPU and llama-cpp-python built with Metal): {reason}")
+    path = head_file(weight_type)
+    gpu = muser.Head.load(path, device="metal", route="pinned")
+    cpu = muser.Head.load(path, device="cpu", route="pinned")
+    assert gpu._pinned.backend and "metal" in gpu._pinned.backend.lower()
+    assert cpu._pinned.backend is None
+    assert gpu._pinned.graph_ops() == cpu._pinned.graph_ops() == ["RMS_NORM", "MUL", "MUL_MAT", "SCALE", "SCALE",
+                                                                  "UNARY", "SCALE"]
+    for t in (1, 8):
+        x = hidden_states(SHAPES[weight_type], t)
+        g, c = np.asarray(gpu(x)), np.asarray(cpu(x))
+        assert g.shape == c.shape == (t, VOCAB)
+        assert np.isfinite(g).all()
+        err = float(np.abs(g - c).max())
+        assert err <= PINNED_METAL_BOUND * float(np.abs(c).max()), f"t={t}: max |metal - cpu| = {err}"
+        assert (g.argmax(axis=1) == c.argmax(axis=1)).mean() >= 0.75
+
+
+def test_pinned_on_metal_without_ggml_metal_is_a_clear_error(head_file):
+    from muser import _ggml
+
+    if not _ggml.available():
+        pytest.skip(_ggml.unavailable_reason())
+    if _ggml_metal_reason() is None:
+        pytest.skip("this libggml has Metal: the route runs (test above)")
+    with pytest.raises(muser.Error, match="no Metal backend"):
+        muser.Head.load(head_file("Q8_0"), device="metal", route="pinned")
+
+
+def test_metal_bench_runs_and_writes_its_json(tmp_path, capsys):
+    import json
+
+    from muser import _metal_bench
+
+    out = tmp_path / "bench.json"
+    rc = _metal_bench.main(["--hidden", "256", "--vocab", "2048", "--reps", "1", "--warmup", "0",
+                            "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["device"] == "metal" and r["emulated"] == EMULATED
+    assert r["shape"] == [2048, 256] and r["weight_bytes"] > 0
+    assert r["read_limit_s"] > 0 and r["read_limit_after_s"] > 0
+    got = {(e["route"], e["acts"], e["t"]) for e in r["routes"]}
+    assert got == {(ro, a, t) for ro in ("graph", "fused", "canonical") for a in ("f32", "q8") for t in (1, 8)}
+    for e in r["routes"]:
+        for k in ("lm_head_s", "nodes_sum_s", "call_s", "lm_head_x_limit", "nodes_x_limit", "call_x_limit"):
+            assert e[k] > 0, (e, k)
+        assert e["lm_head_x_limit"] == pytest.approx(e["lm_head_s"] / r["read_limit_s"])
+    text = capsys.readouterr().out
+    assert "read limit" in text
+    if EMULATED:
+        assert "mean nothing" in text and "mean nothing" in r["note"]
+
+
+def test_metal_read_bandwidth_times_each_read():
+    s = _core.metal_read_bandwidth(1 << 16, 3)
+    assert len(s) == 3 and all(v > 0 for v in s)
+    with pytest.raises(ValueError):
+        _core.metal_read_bandwidth(0, 1)

@@ -34,6 +34,9 @@ from ._core import Error
 __all__ = [
     "GGML",
     "GraphBuilder",
+    "Backend",
+    "BackendTensors",
+    "BackendGraphBuilder",
     "lib",
     "available",
     "unavailable_reason",
@@ -197,6 +200,28 @@ _SIGNATURES: dict[str, tuple[str, Any, list[Any]]] = {
     "ggml_graph_compute": ("cpu", ctypes.c_int, [c_graph_p, ctypes.POINTER(CPlan)]),
     "ggml_graph_compute_with_ctx": ("cpu", ctypes.c_int, [c_ctx_p, c_graph_p, ctypes.c_int]),
 }
+# The ggml-backend API (ggml-backend.h, ggml-alloc.h, ggml-metal.h): what
+# PinnedHead(backend=...) computes through. Optional: a library without them
+# still serves the CPU graph API; Backend() says what is missing.
+_BACKEND_SIGNATURES: dict[str, tuple[str, Any, list[Any]]] = {
+    "ggml_backend_reg_by_name": ("ggml", ctypes.c_void_p, [ctypes.c_char_p]),
+    "ggml_backend_reg_dev_count": ("base", ctypes.c_size_t, [ctypes.c_void_p]),
+    "ggml_backend_reg_dev_get": ("base", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t]),
+    "ggml_backend_dev_init": ("base", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
+    "ggml_backend_free": ("base", None, [ctypes.c_void_p]),
+    "ggml_backend_name": ("base", ctypes.c_char_p, [ctypes.c_void_p]),
+    "ggml_backend_alloc_ctx_tensors": ("base", ctypes.c_void_p, [c_ctx_p, ctypes.c_void_p]),
+    "ggml_backend_buffer_free": ("base", None, [ctypes.c_void_p]),
+    "ggml_backend_tensor_set": ("base", None, [TensorP, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]),
+    "ggml_backend_graph_compute": ("base", ctypes.c_int, [ctypes.c_void_p, c_graph_p]),
+    "ggml_backend_supports_op": ("base", ctypes.c_bool, [ctypes.c_void_p, TensorP]),
+}
+_BACKEND_OPTIONAL: dict[str, tuple[str, Any, list[Any]]] = {
+    "ggml_backend_load_all": ("ggml", None, []),  # dynamic-backend builds (GGML_BACKEND_DL) register on demand
+    "ggml_backend_metal_init": ("metal", ctypes.c_void_p, []),
+    "ggml_backend_cpu_set_n_threads": ("cpu", None, [ctypes.c_void_p, ctypes.c_int]),
+}
+
 # optional: informational only
 _OPTIONAL = {
     "ggml_cpu_has_avx2": ("cpu", ctypes.c_int, []),
@@ -271,11 +296,11 @@ class GGML:
         self.lib_dir = lib_dir
         mode = getattr(os, "RTLD_GLOBAL", 0)
         self._libs: dict[str, ctypes.CDLL] = {}
-        for key, stem in (("base", "ggml-base"), ("cpu", "ggml-cpu"), ("ggml", "ggml")):
+        for key, stem in (("base", "ggml-base"), ("cpu", "ggml-cpu"), ("ggml", "ggml"), ("metal", "ggml-metal")):
             path = next((lib_dir / n for n in _lib_names(stem) if (lib_dir / n).exists()), None)
             if path is None:
-                if key == "ggml":
-                    continue  # the umbrella library is not needed for the CPU graph API
+                if key in ("ggml", "metal"):
+                    continue  # the umbrella library and ggml-metal are not needed for the CPU graph API
                 raise Error(
                     f"ggml library {_lib_names(stem)[0]} not found in {lib_dir} "
                     "(llama-cpp-python installed without its ggml shared libraries?)")
@@ -298,6 +323,16 @@ class GGML:
             if fn is not None:
                 fn.restype, fn.argtypes = restype, argtypes
                 self._optional[name] = fn
+        self._backend_missing: list[str] = []
+        for table, required in ((_BACKEND_SIGNATURES, True), (_BACKEND_OPTIONAL, False)):
+            for name, (where, restype, argtypes) in table.items():
+                fn = self._symbol(where, name)
+                if fn is None:
+                    if required:
+                        self._backend_missing.append(name)
+                    continue
+                fn.restype, fn.argtypes = restype, argtypes
+                setattr(self, name, fn)
         self.ggml_cpu_init()
         self.version = (self.ggml_version() or b"?").decode()
         self.commit = (self.ggml_commit() or b"?").decode()
@@ -307,7 +342,7 @@ class GGML:
         self._by_name = {t.name.lower(): t for t in self.types.values()}
 
     def _symbol(self, where: str, name: str):
-        for key in (where, "base", "cpu", "ggml"):
+        for key in (where, "base", "cpu", "ggml", "metal"):
             lib_ = self._libs.get(key)
             if lib_ is not None:
                 try:
@@ -450,6 +485,15 @@ class GGML:
     def vec_dot_type(self, type_: int | str) -> TypeInfo:
         """The type ggml-cpu quantizes activations to before a dot with weights of ``type_``."""
         return self.type(self.traits_cpu(type_).vec_dot_type)
+
+    # -- the ggml-backend API
+    def backend_unavailable_reason(self, name: str) -> str | None:
+        """Why :class:`Backend` ``(self, name)`` cannot be made, or None when it can."""
+        try:
+            Backend(self, name).close()
+            return None
+        except Error as e:
+            return str(e)
 
     # -- graphs
     def compute(self, graph: int, n_threads: int | None = None, use_ref: bool = False) -> None:
@@ -689,6 +733,186 @@ class GraphBuilder:
         self.g.ggml_build_forward_expand(graph, out)
         return [self.g.ggml_op_name(self.g.ggml_graph_node(graph, i).contents.op).decode()
                 for i in range(self.g.ggml_graph_n_nodes(graph))]
+
+
+# ---------------------------------------------------------------------------
+# ggml-backend: the same graphs computed by a registered backend (Metal, CPU)
+
+class Backend:
+    """One ggml backend (``ggml_backend_t``) of the registry entry ``name``
+    (``"Metal"``, ``"CPU"``): ``ggml_backend_metal_init()`` where libggml-metal
+    exports it, else the registry's first device of that name
+    (``ggml_backend_reg_by_name`` -> ``ggml_backend_reg_dev_get(reg, 0)`` ->
+    ``ggml_backend_dev_init``). Raises :class:`muser.Error` saying what the
+    installed ggml lacks. One compute at a time (``lock``)."""
+
+    def __init__(self, g: GGML, name: str, threads: int | None = None):
+        self.g = g
+        self.handle: int | None = None
+        if g._backend_missing:
+            raise Error(f"the installed ggml ({g.lib_dir}) lacks the ggml-backend API "
+                        f"({', '.join(g._backend_missing)}); the pinned route needs it for the {name} backend")
+        handle = None
+        if name == "Metal" and hasattr(g, "ggml_backend_metal_init"):
+            handle = g.ggml_backend_metal_init()
+        if not handle:
+            reg = g.ggml_backend_reg_by_name(name.encode())
+            if not reg and hasattr(g, "ggml_backend_load_all"):
+                g.ggml_backend_load_all()
+                reg = g.ggml_backend_reg_by_name(name.encode())
+            if not reg:
+                raise Error(f"the installed ggml ({g.lib_dir}) has no {name} backend "
+                            f"(llama-cpp-python {g.package_version} was built without it)")
+            if g.ggml_backend_reg_dev_count(reg) < 1:
+                raise Error(f"ggml's {name} backend has no device on this machine")
+            handle = g.ggml_backend_dev_init(g.ggml_backend_reg_dev_get(reg, 0), None)
+        if not handle:
+            raise Error(f"ggml's {name} backend failed to initialize")
+        self.handle = handle
+        self.name = (g.ggml_backend_name(handle) or name.encode()).decode()
+        if threads and hasattr(g, "ggml_backend_cpu_set_n_threads") and name == "CPU":
+            g.ggml_backend_cpu_set_n_threads(handle, int(threads))
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        if self.handle:
+            self.g.ggml_backend_free(self.handle)
+            self.handle = None
+
+    def __del__(self) -> None:  # pragma: no cover - GC timing
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class BackendTensors:
+    """Tensors that live in one buffer of ``backend`` for its life (a head's
+    weights): declare with :meth:`add`, then :meth:`upload` allocates the
+    buffer and copies every array in (``ggml_backend_tensor_set``)."""
+
+    def __init__(self, backend: Backend, max_tensors: int = 16):
+        self.backend, self.g = backend, backend.g
+        self.ctx = self.g.ggml_init(InitParams(self.g.ggml_tensor_overhead() * max_tensors + 1024, None, True))
+        if not self.ctx:
+            raise Error("ggml_init failed")
+        self.buffer: int | None = None
+        self.tensors: dict[str, Any] = {}
+        self._pending: list[tuple[Any, np.ndarray]] = []
+
+    def add(self, name: str, arr: np.ndarray, type_: int = 0, n_cols: int | None = None):
+        """An F32 tensor of ``arr`` [n] / [rows, n], or (``type_``, ``n_cols``) a
+        quantized weight whose bytes are ``arr`` uint8 [rows, row_bytes]."""
+        if type_ == 0:
+            arr = np.ascontiguousarray(arr, dtype=np.float32)
+            t = (self.g.ggml_new_tensor_1d(self.ctx, 0, arr.shape[0]) if arr.ndim == 1
+                 else self.g.ggml_new_tensor_2d(self.ctx, 0, arr.shape[1], arr.shape[0]))
+        else:
+            t = self.g.ggml_new_tensor_2d(self.ctx, int(type_), int(n_cols), arr.shape[0])
+        if not t:
+            raise Error("ggml_new_tensor returned NULL (context too small)")
+        if self.g.ggml_nbytes(t) != arr.nbytes:
+            raise Error(f"{name}: ggml tensor is {self.g.ggml_nbytes(t)} bytes, the array {arr.nbytes}")
+        self.g.ggml_set_name(t, name.encode()[: GGML_MAX_NAME - 1])
+        self.tensors[name] = t
+        self._pending.append((t, arr))
+        return t
+
+    def upload(self) -> None:
+        self.buffer = self.g.ggml_backend_alloc_ctx_tensors(self.ctx, self.backend.handle)
+        if not self.buffer:
+            raise Error(f"ggml's {self.backend.name} backend could not allocate the head's weights")
+        for t, arr in self._pending:
+            self.g.ggml_backend_tensor_set(t, arr.ctypes.data, 0, arr.nbytes)
+        self._pending.clear()
+
+    def close(self) -> None:
+        if self.buffer:
+            self.g.ggml_backend_buffer_free(self.buffer)
+            self.buffer = None
+        if self.ctx:
+            self.g.ggml_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover - GC timing
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class BackendGraphBuilder(GraphBuilder):
+    """:class:`GraphBuilder`'s graph computed on a ggml backend: a leaf whose
+    name is in ``params`` is that resident tensor (:class:`BackendTensors`);
+    any other leaf is an input copied in at :meth:`compute`; op results get no
+    numpy buffer: ``ggml_backend_alloc_ctx_tensors`` places them (and the
+    inplace views) in one buffer of the backend, freed with the builder."""
+
+    def __init__(self, backend: Backend, params: dict[str, Any], max_tensors: int = 64, graph_size: int = 64):
+        super().__init__(backend.g, max_tensors, graph_size)
+        self.backend = backend
+        self._params = params
+        self._inputs: list[tuple[Any, np.ndarray]] = []
+        self._buffer: int | None = None
+
+    def close(self) -> None:
+        if self._buffer:
+            self.g.ggml_backend_buffer_free(self._buffer)
+            self._buffer = None
+        super().close()
+
+    def leaf_f32(self, arr: np.ndarray, name: str | None = None):
+        if name in self._params:
+            return self._params[name]
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        t = (self.g.ggml_new_tensor_1d(self.ctx, 0, arr.shape[0]) if arr.ndim == 1
+             else self.g.ggml_new_tensor_2d(self.ctx, 0, arr.shape[1], arr.shape[0]))
+        if not t:
+            raise Error("ggml_new_tensor returned NULL (context too small)")
+        if name:
+            self.g.ggml_set_name(t, name.encode()[: GGML_MAX_NAME - 1])
+        self._inputs.append((t, arr))
+        return t
+
+    def leaf_quant(self, raw: np.ndarray, type_: int | str, n_cols: int, name: str | None = None):
+        if name not in self._params:
+            raise Error(f"weight {name!r} is not resident on ggml's {self.backend.name} backend (muser bug)")
+        return self._params[name]
+
+    def _result(self, t, name: str | None, shape: Sequence[int]):
+        if not t:
+            raise Error("ggml op returned NULL")
+        if name:
+            self.g.ggml_set_name(t, name.encode())
+        return t
+
+    def compute(self, out, n_threads: int | None = None, use_ref: bool = False) -> np.ndarray:
+        """Run the graph ending at ``out`` on the backend; return ``out`` copied to a new array."""
+        g, b = self.g, self.backend
+        graph = g.ggml_new_graph_custom(self.ctx, self._graph_size, False)
+        if not graph:
+            raise Error("ggml_new_graph_custom failed (context too small)")
+        g.ggml_build_forward_expand(graph, out)
+        for i in range(g.ggml_graph_n_nodes(graph)):
+            node = g.ggml_graph_node(graph, i)
+            if not g.ggml_backend_supports_op(b.handle, node):
+                c = node.contents
+                raise Error(f"ggml's {b.name} backend does not support {g.ggml_op_name(c.op).decode()} "
+                            f"on {g.ggml_type_name(c.src[0].contents.type).decode() if c.src[0] else '-'}")
+        self._buffer = g.ggml_backend_alloc_ctx_tensors(self.ctx, b.handle)
+        if not self._buffer:
+            raise Error(f"ggml's {b.name} backend could not allocate the graph")
+        for t, arr in self._inputs:
+            g.ggml_backend_tensor_set(t, arr.ctypes.data, 0, arr.nbytes)
+        with b.lock:
+            status = g.ggml_backend_graph_compute(b.handle, graph)
+        if status != 0:
+            raise Error(f"ggml_backend_graph_compute on {b.name} failed: {GGML_STATUS.get(status, status)}")
+        res = np.empty(self._shape(out), dtype=np.float32)
+        if g.ggml_nbytes(out) != res.nbytes:
+            raise Error(f"result is {g.ggml_nbytes(out)} bytes, expected {res.nbytes} (muser bug)")
+        g.ggml_backend_tensor_get(ctypes.cast(out, ctypes.c_void_p), res.ctypes.data, 0, res.nbytes)
+        return res
 
 
 def iter_chunks(n: int, chunk: int | None) -> Iterable[tuple[int, int]]:

@@ -209,8 +209,14 @@ class Head:
         for name, flag in (("mmap", mmap), ("fuse", fuse)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        if route == "pinned" and _core.device_caps(device)["resident_logits"]:  # refused before any upload
-            raise ValueError("route='pinned' runs llama.cpp's ggml CPU backend on host memory; use device='cpu'")
+        pinned_backend = None  # ggml-cpu's graph compute
+        if route == "pinned":  # decided by what the device is (its caps), refused before any upload
+            caps = _core.device_caps(device)
+            if caps["compute_device"] == 8:  # kDLMetal: ggml's own Metal backend (ggml-metal)
+                pinned_backend = "Metal"
+            elif caps["resident_logits"]:
+                raise ValueError("route='pinned' runs llama.cpp's ggml CPU or Metal backend; "
+                                 "use device='cpu' (or 'metal' on a Mac)")
         core_route = "graph" if route == "pinned" else route
         core = _core.Head.load(path, device, core_route, acts, int(threads or 0), mmap, fuse, dict(overrides))
         pinned = None
@@ -218,7 +224,7 @@ class Head:
             from . import pinned as _pinned  # optional dependency: llama-cpp-python
             from ._core import GGUFFile
 
-            pinned = _pinned.PinnedHead(GGUFFile(path), core.spec, threads)
+            pinned = _pinned.PinnedHead(GGUFFile(path), core.spec, threads, backend=pinned_backend)
         return cls._from_core(core, pinned, path, route)
 
     # ---- what was loaded ----
@@ -258,7 +264,8 @@ class Head:
     def caps(self) -> dict[str, Any]:
         """What the head's device can do: ``resident_logits`` (``on_device=True``),
         ``ranks_on_device`` (argmax/top-k where the logits are), ``max_topk``,
-        ``dlpack_device``, ``ordinal``."""
+        ``dlpack_device`` (where its logits live), ``compute_device`` (the DLPack type of
+        what runs its kernels: 8 on Metal, whose logits are host memory), ``ordinal``."""
         return dict(self._core.caps)
 
     @property

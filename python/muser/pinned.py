@@ -11,7 +11,12 @@ graph llama.cpp builds for the architecture (``src/models/<arch>.cpp`` and
     -> scale(1/logit_scale)                   (logit_scale_mode = "divide": granite; 1/s rounded to f32 as in C)
     -> scale(1/cap) -> tanh -> scale(cap)     (softcap > 0: gemma2/3, muse-glimmer)
 
-and runs it on ggml's CPU backend through :mod:`muser._ggml`. ``W`` is a ggml
+and runs it on ggml's CPU backend through :mod:`muser._ggml`, or (``backend=``,
+e.g. ``"Metal"``) on a backend of ggml's registry through the ggml-backend API:
+the weights copied once into a buffer of that backend, each call's graph
+allocated there (``ggml_backend_alloc_ctx_tensors``), the hidden rows copied
+in and the logits copied out. ``Head.load(device="metal", route="pinned")``
+takes that path: ggml-metal's own kernels. On the CPU path ``W`` is a ggml
 tensor whose data pointer is the GGUF file's own bytes (no copy); the logits
 land in a numpy array the call returns. The epilogue uses ggml's ``*_inplace``
 scale/tanh variants (the same CPU kernels on the same values, so the same
@@ -120,16 +125,20 @@ class PinnedHead:
             (or ``$MUSER_THREADS``).
         chunk_rows: compute at most this many rows per ggml graph (None = all
             rows in one graph, as llama.cpp does for one ubatch).
+        backend: None (ggml-cpu's graph compute on numpy buffers, the weight
+            used in place), or the name of a ggml backend registry entry
+            (``"Metal"``; ``"CPU"`` runs the same backend path on the CPU).
 
     Raises:
         muser.Error: llama-cpp-python is not installed, its ggml lacks a needed
-            symbol, or the spec names a tensor/type the file does not have.
+            symbol or the named backend, or the spec names a tensor/type the
+            file does not have.
 
     Calls are safe from several threads (each call builds its own graph).
     """
 
     def __init__(self, gguf_file: Any, spec: Mapping[str, Any], threads: int | None = None,
-                 *, chunk_rows: int | None = None):
+                 *, chunk_rows: int | None = None, backend: str | None = None):
         g = _ggml.lib()
         self._g = g
         self._file = gguf_file
@@ -193,6 +202,21 @@ class PinnedHead:
         cap = np.float32(_get(spec, "softcap", default=0.0))
         self._cap = cap if cap > 0 else None
 
+        self.backend: str | None = None
+        self._backend: _ggml.Backend | None = None
+        self._resident: _ggml.BackendTensors | None = None
+        if backend is not None:
+            self._backend = _ggml.Backend(g, str(backend), self.threads)
+            self.backend = self._backend.name
+            res = _ggml.BackendTensors(self._backend)
+            res.add(wname, self._w, wt.id, H)
+            for key, arr in (("output_norm.weight", self._gamma), ("output_norm.bias", self._beta),
+                             ("output.bias", self._obias)):
+                if arr is not None:
+                    res.add(key, arr)
+            res.upload()
+            self._resident = res
+
     # ------------------------------------------------------------------
     def _build(self, gb: _ggml.GraphBuilder, hidden: np.ndarray):
         H = self.hidden_size
@@ -248,12 +272,25 @@ class PinnedHead:
         return out[0] if one else out
 
     def _run(self, h: np.ndarray) -> np.ndarray:
+        if self._backend is not None:
+            with _ggml.BackendGraphBuilder(self._backend, self._resident.tensors) as gb:
+                return gb.compute(self._build(gb, h))
         with _ggml.GraphBuilder(self._g) as gb:
             return gb.compute(self._build(gb, h), self.threads)
 
+    def close(self) -> None:
+        """Free the backend's buffer and the backend (``backend=`` only; the CPU path holds none)."""
+        if self._resident is not None:
+            self._resident.close()
+            self._resident = None
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
     def __repr__(self) -> str:
+        on = f", backend={self.backend}" if self.backend else ""
         return (f"PinnedHead({self.weight_name} {self.weight_type.name} [{self.vocab_size} x {self.hidden_size}], "
-                f"norm={self.norm}, scale={self._scale}, softcap={self._cap}, {self.ggml_version})")
+                f"norm={self.norm}, scale={self._scale}, softcap={self._cap}{on}, {self.ggml_version})")
 
 
 # ---------------------------------------------------------------------------

@@ -74,6 +74,8 @@ struct DeviceCaps {
   bool resident_logits = false;  // run_resident(): logits stay in device memory
   bool ranks_on_device = false;  // topk() ranks resident logits on the device
   int dlpack_device = 1;         // DLPack device type of its memory (1 = kDLCPU, 2 = kDLCUDA, 8 = kDLMetal)
+  int compute_device = 1;        // DLPack device type of the processor that runs its kernels: differs from
+                                 // dlpack_device on Metal (8), whose logits are host memory (1, unified)
   int ordinal = 0;
   int max_topk = 0;              // largest k topk() takes (0: any k up to V)
 };

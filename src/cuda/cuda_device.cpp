@@ -218,6 +218,7 @@ class CudaDevice final : public Device {
     c.resident_logits = true;
     c.ranks_on_device = true;
     c.dlpack_device = 2;  // kDLCUDA
+    c.compute_device = 2;
     c.ordinal = ordinal_;
     c.max_topk = kTopkMax;
     return c;

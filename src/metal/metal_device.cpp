@@ -163,7 +163,8 @@ class MetalDevice final : public Device {
     DeviceCaps c;
     c.resident_logits = false;  // logits are host-visible already (unified memory): host views of MTLBuffers
     c.ranks_on_device = true;   // topk(): the topk.metal stages on the buffer the route wrote
-    c.dlpack_device = 1;
+    c.dlpack_device = 1;        // the logits: shared MTLBuffers, host memory to DLPack
+    c.compute_device = 8;       // kDLMetal: what runs the kernels (the pinned route dispatches on it)
     c.max_topk = kTopkMax;
     return c;
   }
@@ -534,6 +535,44 @@ class MetalDevice final : public Device {
 };
 
 }  // namespace
+
+std::vector<double> read_bandwidth_seconds(size_t nbytes, int iters) {
+  if (nbytes < 4 || iters < 1) throw ArgValueError("read_bandwidth: need nbytes >= 4 and iters >= 1");
+  auto shared = std::make_shared<Shared>();
+  CreateOptions o;
+  o.metallib_path = metallib_path();
+  o.source = kLibrarySource;
+  check(create(o, &shared->ctx), "creating the Metal device");
+  check(info(shared->ctx, &shared->info), "reading the device's limits");
+  const std::string kernel = "read_bandwidth_u32";
+  check(pipeline(shared->ctx, kernel), "building pipeline '" + kernel + "'");
+  ReadKargs k;
+  k.n = (int64_t)(nbytes / 4);
+  // enough threads to keep every core's loads in flight, at most 16 words each
+  // below that (so a small buffer is still one short pass)
+  const uint64_t threads = kElementThreads;
+  const uint64_t tgs = std::max<uint64_t>(1, std::min<uint64_t>(4096, groups((uint64_t)k.n, threads * 16)));
+  k.stride = (int64_t)(tgs * threads);
+  Owned buf, sink;
+  check(new_buffer(shared->ctx, (size_t)k.n * 4, &buf.buf), "allocating the read buffer");
+  check(new_buffer(shared->ctx, (size_t)k.stride * 4, &sink.buf), "allocating the sink");
+  std::memset(buf.buf.contents, 0x5a, (size_t)k.n * 4);  // touched: every page is real memory
+  Dispatch d;
+  d.kernel = kernel;
+  d.bytes = {Bytes::of(k, 0)};
+  d.buffers = {{&buf.buf, 0, 1, Access::Read}, {&sink.buf, 0, 2, Access::Write}};
+  d.threadgroups = tgs;
+  d.threads = (uint32_t)threads;
+  std::vector<StepEncoding> steps((size_t)iters + 2);
+  for (auto& s : steps) {
+    s.label = "read";
+    s.dispatches = {d};
+  }
+  std::vector<double> seconds;
+  check(run(shared->ctx, steps, &seconds), "running read_bandwidth");
+  if (seconds.size() != steps.size()) throw DeviceError("device 'metal': read_bandwidth: no GPU time per command buffer");
+  return std::vector<double>(seconds.begin() + 2, seconds.end());
+}
 
 void test_set_drop_barrier(int n) { g_drop_barrier = n; }
 void test_set_max_buffer_length(uint64_t bytes) { g_max_buffer_override = bytes; }

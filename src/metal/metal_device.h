@@ -113,6 +113,12 @@ struct PipelineStats {
 };
 PipelineStats pipeline_stats(Context* ctx);
 
+// The read limit of bench/metal_head.py: a fresh context streams a shared
+// buffer of nbytes (rounded down to whole words) with read_bandwidth_u32,
+// iters + 2 command buffers (the first two are warm-up, dropped); each kept
+// one's GPU time in seconds. Throws muser::DeviceError (metal_device.cpp).
+std::vector<double> read_bandwidth_seconds(size_t nbytes, int iters);
+
 // ---- test-only hooks ----
 // Drop the barrier before the n-th dispatch (counted over a run's steps, from
 // 0) of every later run; -1 restores them. Proves the emulator's hazard check.

@@ -113,6 +113,7 @@ nb::dict caps_dict(const DeviceCaps& c) {
   d["resident_logits"] = c.resident_logits;
   d["ranks_on_device"] = c.ranks_on_device;
   d["dlpack_device"] = c.dlpack_device;
+  d["compute_device"] = c.compute_device;
   d["ordinal"] = c.ordinal;
   d["max_topk"] = c.max_topk;
   return d;

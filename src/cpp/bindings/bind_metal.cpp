@@ -5,6 +5,7 @@
 // settings (the OS version it claims, a failing command buffer).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "bindings.h"
 
@@ -21,6 +22,11 @@ namespace muser::py {
 
 void bind_metal(nb::module_& m) {
 #ifdef MUSER_HAVE_METAL
+  m.def("metal_read_bandwidth", [](uint64_t nbytes, int iters) -> std::vector<double> {
+    nb::gil_scoped_release release;
+    return metal::read_bandwidth_seconds((size_t)nbytes, iters);
+  }, nb::arg("nbytes"), nb::arg("iters"),
+     "GPU seconds of each of `iters` reads of an nbytes shared buffer by read_bandwidth_u32 (bench/metal_head.py's limit).");
   m.def("_metal_test_drop_barrier", [](int n) { metal::test_set_drop_barrier(n); }, nb::arg("n"),
         "Test only: every later Metal run omits the barrier before its n-th dispatch (-1: none omitted).");
   m.def("_metal_test_max_buffer_length", [](uint64_t bytes) { metal::test_set_max_buffer_length(bytes); },

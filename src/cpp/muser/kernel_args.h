@@ -77,4 +77,12 @@ struct TopkKargs {
 };
 static_assert(sizeof(TopkKargs) == 24, "TopkKargs is 24 bytes on every backend");
 
+// The Metal read-bandwidth probe (bandwidth.metal): n 32-bit words read by a
+// grid of `stride` threads.
+struct ReadKargs {
+  int64_t n = 0;       // words in the buffer
+  int64_t stride = 0;  // threads in the grid
+};
+static_assert(sizeof(ReadKargs) == 16, "ReadKargs is 16 bytes on every backend");
+
 }  // namespace muser
