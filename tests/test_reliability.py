@@ -362,8 +362,13 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+_UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc (Linux) to read the RSS")
 def test_a_thousand_load_step_unload_cycles_do_not_grow_memory(small_head, rng):
+    # Under AddressSanitizer freed memory sits in its quarantine, so the RSS grows
+    # by design; there the cycles run and LeakSanitizer checks them at exit instead.
     x = hidden_states(rng, 2, H)
     for _ in range(50):  # warm the allocator and the caches
         muser.Head.load(small_head)(x)
@@ -375,6 +380,8 @@ def test_a_thousand_load_step_unload_cycles_do_not_grow_memory(small_head, rng):
         head.argmax(x)
         del head
     gc.collect()
+    if _UNDER_ASAN:
+        return
     grown = _rss_bytes() - before
     # one head holds ~2 x 12 KB of logits and its mapping; a leak of either per cycle is > 20 MB here
     assert grown < 8 << 20, f"RSS grew {grown / 1e6:.1f} MB over 1,000 cycles"
