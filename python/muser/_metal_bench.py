@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -33,14 +32,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ._cuda_bench import SEED_SHAPE, write_random_head
+from ._cuda_bench import SEED_SHAPE, _median, write_random_head
 
 EMULATOR_NOTE = ("EMULATOR: these times come from the test-only Metal emulator (CPU fibers, ~1 us per GPU "
                  "thread); they mean nothing about any GPU -- this run only proves the script works")
-
-
-def _median(xs: list[float]) -> float:
-    return float(statistics.median(xs))
 
 
 def unavailable_reason() -> Optional[str]:

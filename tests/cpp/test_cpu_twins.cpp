@@ -17,30 +17,6 @@ using namespace muser;
 
 namespace {
 
-uint16_t small_f16(std::mt19937& rng) { return f32_to_f16(0.001f + 0.01f * (float)(rng() % 1000) / 1000.0f); }
-
-std::vector<uint8_t> random_rows(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
-  const TypeTraits tt = type_traits((uint32_t)type);
-  const int64_t row_bytes = cols / tt.block_elems * tt.block_bytes;
-  std::vector<uint8_t> w((size_t)(rows * row_bytes));
-  std::normal_distribution<float> nd(0.0f, 0.5f);
-  auto put = [&](auto blk, size_t at) { memcpy(&w[at], &blk, sizeof(blk)); };
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < cols / tt.block_elems; ++b) {
-      const size_t at = (size_t)(r * row_bytes + b * tt.block_bytes);
-      switch (type) {
-        case GgmlType::Q5_K: { auto k = muser_test::random_block<BlockQ5_K>(rng); k.d = small_f16(rng); k.dmin = small_f16(rng); put(k, at); break; }
-        case GgmlType::Q4_K: { auto k = muser_test::random_block<BlockQ4_K>(rng); k.d = small_f16(rng); k.dmin = small_f16(rng); put(k, at); break; }
-        case GgmlType::Q6_K: { auto k = muser_test::random_block<BlockQ6_K>(rng); k.d = small_f16(rng); put(k, at); break; }
-        case GgmlType::Q8_0: { auto k = muser_test::random_block<BlockQ8_0>(rng); k.d = small_f16(rng); put(k, at); break; }
-        case GgmlType::F32: { const float v = nd(rng); memcpy(&w[at], &v, 4); break; }
-        case GgmlType::F16: { const uint16_t v = f32_to_f16(nd(rng)); memcpy(&w[at], &v, 2); break; }
-        case GgmlType::BF16: { const uint16_t v = (uint16_t)(f32_to_bits(nd(rng)) >> 16); memcpy(&w[at], &v, 2); break; }
-        default: ADD_FAILURE();
-      }
-    }
-  return w;
-}
 
 std::vector<cpu::Isa> simd_isas() {
   std::vector<cpu::Isa> out;
@@ -83,7 +59,7 @@ TEST(CpuTwins, CanonicalBitEqualToScalar) {
       for (int64_t rows : kRows)
         for (int64_t cols : cols_of(type)) {
           const TypeTraits tt = type_traits((uint32_t)type);
-          auto w = random_rows(type, rows, cols, rng);
+          auto w = muser_test::random_rows(type, rows, cols, rng);
           const WeightView view{(uint32_t)type, rows, cols, cols / tt.block_elems * tt.block_bytes, w.data()};
           std::vector<float> x((size_t)(17 * cols));
           for (float& v : x) v = nd(rng);
@@ -106,7 +82,7 @@ TEST(CpuTwins, Q8BitEqualToScalar) {
       for (int64_t rows : kRows)
         for (int64_t cols : cols_of(type)) {
           const TypeTraits tt = type_traits((uint32_t)type);
-          auto w = random_rows(type, rows, cols, rng);
+          auto w = muser_test::random_rows(type, rows, cols, rng);
           const WeightView view{(uint32_t)type, rows, cols, cols / tt.block_elems * tt.block_bytes, w.data()};
           std::vector<float> x((size_t)(17 * cols));
           const float scale = 0.1f + 9.9f * (float)(rng() % 1000) / 1000.0f;

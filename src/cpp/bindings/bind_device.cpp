@@ -52,12 +52,6 @@ const float* host_rows(const AnyArray& a, int64_t H) {
   return static_cast<const float*>(a.data());
 }
 
-[[noreturn]] void throw_nonfinite(int64_t index, int64_t H, float value) {
-  const int64_t r = index / H, c = index % H;
-  throw NonFiniteError("hidden state row " + std::to_string(r) + ", column " + std::to_string(c) + " is " +
-                       std::to_string(value) + " (pass check_finite=False to compute anyway)");
-}
-
 // Where the hidden rows are: a host array, or an address in the head device's memory.
 struct HiddenInput {
   const float* ptr = nullptr;
@@ -74,9 +68,7 @@ HiddenInput resolve_hidden(Head& h, const std::optional<AnyArray>& host, uint64_
     in.ptr = host_rows(*host, H);
     if ((int64_t)host->shape(0) != t)
       throw ArgValueError("hidden has " + std::to_string(host->shape(0)) + " rows, t=" + std::to_string(t));
-    if (check_finite)
-      for (int64_t i = 0; i < t * H; ++i)
-        if (!std::isfinite(in.ptr[i])) throw_nonfinite(i, H, in.ptr[i]);
+    if (check_finite) check_finite_rows(in.ptr, t, H);
     return in;
   }
   const void* p = reinterpret_cast<const void*>((uintptr_t)address);

@@ -96,14 +96,6 @@ F32Array new_array(size_t rows, size_t cols) {
   return view_of(buf, rows, cols, nullptr);
 }
 
-void check_finite(const float* x, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)
-      if (!std::isfinite(x[r * cols + c]))
-        throw NonFiniteError("hidden state row " + std::to_string(r) + ", column " + std::to_string(c) + " is " +
-                             std::to_string(x[r * cols + c]) + " (pass check_finite=False to compute anyway)");
-}
-
 nb::dict spec_dict(const HeadSpec& s) {
   nb::dict d;
   d["arch"] = s.arch;
@@ -185,6 +177,17 @@ WeightView weight_from_bytes(const AnyArray& w, const std::string& type_name, st
 }
 
 }  // namespace
+
+void throw_nonfinite(int64_t index, int64_t H, float value) {
+  const int64_t r = index / H, c = index % H;
+  throw NonFiniteError("hidden state row " + std::to_string(r) + ", column " + std::to_string(c) + " is " +
+                       std::to_string(value) + " (pass check_finite=False to compute anyway)");
+}
+
+void check_finite_rows(const float* x, int64_t rows, int64_t H) {
+  for (int64_t i = 0; i < rows * H; ++i)
+    if (!std::isfinite(x[i])) throw_nonfinite(i, H, x[i]);
+}
 
 nb::list profile_list(const std::vector<NodeTiming>& timings) {
   nb::list prof;
@@ -273,7 +276,7 @@ void bind_head(nb::module_& m) {
             std::shared_ptr<HostBuffer> buf;
             {
               nb::gil_scoped_release release;
-              if (check) check_finite(x, t, H);
+              if (check) check_finite_rows(x, t, H);
               buf = h->run(x, (int)t, dst, profile ? &timings : nullptr);
             }
             nb::object result = buf ? nb::cast(view_of(buf, (size_t)t, (size_t)V, h)) : nb::none();

@@ -30,6 +30,11 @@ inline const uint8_t* aligned_blocks(const uint8_t* p, size_t n, std::unique_ptr
   return copy.get();
 }
 
+// NonFiniteError naming the row and column of element `index` of a [t x H]
+// hidden state (bind_head.cpp); check_finite_rows scans host rows for one.
+[[noreturn]] void throw_nonfinite(int64_t index, int64_t H, float value);
+void check_finite_rows(const float* x, int64_t rows, int64_t H);
+
 void bind_errors(nanobind::module_& m);
 void bind_gguf(nanobind::module_& m);   // bind_gguf.cpp: muser.GGUFFile
 void bind_quant(nanobind::module_& m);  // bind_quant.cpp: quantize / dequantize
