@@ -116,3 +116,20 @@ def test_log_softmax_is_a_view_or_writes_out(head_file, rng):
     single = np.empty(3001, np.float32)
     head.log_softmax(x[1], out=single)
     np.testing.assert_array_equal(single, view[1])
+
+
+def test_topk_is_torch_ordered_with_optional_logprobs(head_file, rng):
+    head = muser.Head.load(head_file(hidden=256, vocab=700, weight_type="Q5_K", seed=5))
+    x = hidden_states(rng, 3, 256)
+    plain = head.topk(x, 7)
+    assert isinstance(plain, muser.TopK) and plain.logprobs is None
+    assert plain.values.dtype == np.float32 and plain.indices.dtype == np.int64
+    both = head.topk(x, 7, logprobs=True)
+    assert np.array_equal(both.values, plain.values) and np.array_equal(both.indices, plain.indices)
+    # the logprobs are log_softmax gathered, bit for bit
+    lsm = head.log_softmax(x).copy()
+    assert np.array_equal(bits(both.logprobs), bits(np.take_along_axis(lsm, both.indices, axis=1)))
+    one = head.topk(x[1], 7, logprobs=True)
+    assert one.values.shape == (7,) and np.array_equal(one.logprobs, both.logprobs[1])
+    with pytest.raises(TypeError, match="logprobs must be a bool"):
+        head.topk(x, 3, logprobs=1)

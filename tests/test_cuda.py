@@ -201,13 +201,13 @@ def test_topk_and_argmax_on_device(head_file, route):
     x = hidden_states(SHAPES["Q5_K"], 6, seed=9)
     logits = gpu(x).copy()
     for k in (1, 5, 64, 1024, 2000):
-        ids, vals = gpu.topk(x, k)
+        vals, ids, _ = gpu.topk(x, k)
         want_ids, want_vals = _core.topk_rows(logits, k)
         assert np.array_equal(ids, np.asarray(want_ids).reshape(6, k)), f"k={k}"
         assert_bitwise(vals, np.asarray(want_vals, dtype=np.float32).reshape(6, k), f"top-{k} values")
     assert np.array_equal(gpu.argmax(x), np.argmax(logits, axis=1))
     assert gpu.argmax(x[4]) == int(np.argmax(logits[4]))
-    ids, vals = gpu.topk(x[0], 3)
+    vals, ids, _ = gpu.topk(x[0], 3)
     assert ids.shape == (3,) and vals.shape == (3,)
 
 
@@ -218,7 +218,7 @@ def test_topk_ties_go_to_the_lowest_id(heads_dir):
     path = write_head_gguf(heads_dir / "ties.gguf", hidden=H, vocab=V, weight_type="Q8_0", weight=w, seed=4)
     gpu = muser.Head.load(path, device="cuda", route="canonical")
     x = np.ascontiguousarray(w[7][None, :] * 50.0, dtype=np.float32)
-    ids, vals = gpu.topk(x, 4)
+    vals, ids, _ = gpu.topk(x, 4)
     assert ids.tolist() == [[7, 10, 1700, 2500]] and len(set(bits(vals[0]).tolist())) == 1
     assert gpu.argmax(x[0]) == 7
 
@@ -484,7 +484,7 @@ def test_eight_threads_share_a_cuda_head(head_file):
             elif kind == 2:
                 ok = np.array_equal(gpu.argmax(xs[i]), np.argmax(serial[i], axis=1))
             else:
-                ids, _ = gpu.topk(xs[i], 4)
+                _, ids, _ = gpu.topk(xs[i], 4)
                 ok = np.array_equal(ids, np.argsort(-serial[i], axis=1, kind="stable")[:, :4])
             if not ok:
                 wrong.append((seed, c, kind))

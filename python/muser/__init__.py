@@ -12,7 +12,7 @@ from ._quant import dequantize, quantize
 from .errors import DeviceError, Error, GGUFError, NonFiniteError, SpecError
 from .compare import BoundedLogitPolicy, CompareResult, compare
 from ._device import DeviceArray
-from .head import Head, HeadSpec, NodeProfile, Scores
+from .head import Head, HeadSpec, NodeProfile, Scores, TopK
 
 __version__: str = build_info()["version"]
 
@@ -21,6 +21,7 @@ __all__ = [
     "HeadSpec",
     "NodeProfile",
     "Scores",
+    "TopK",
     "DeviceArray",
     "GGUFFile",
     "quantize",

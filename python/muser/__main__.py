@@ -58,7 +58,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         head(states)
         times.append(time.perf_counter() - s)
     step = float(np.median(times))
-    ids, vals = head.topk(states, 5)
+    vals, ids, _ = head.topk(states, 5)
     for r in range(args.tokens):
         print(f"token {r}: aimed at {targets[r]}; top-5 " +
               ", ".join(f"{i}:{v:+.3f}" for i, v in zip(ids[r], vals[r])))

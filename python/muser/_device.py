@@ -163,8 +163,9 @@ def call(head: Any, hidden: Any, *, on_device: bool, out: Optional[np.ndarray],
     return host
 
 
-def topk(head: Any, hidden: Any, k: int, check_finite: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The k best tokens per row, ranked on the device; only ids and values come back."""
+def topk(head: Any, hidden: Any, k: int, check_finite: bool = True) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The k best tokens per row, ranked on the device; only ids and values come back:
+    ``(ids [t, k], values [t, k], single)``, ``single`` when the input was one row."""
     rows, ptr, t, single = _inputs(head, hidden)
     k = int(k)
     if 0 < head.caps["max_topk"] < k:  # beyond the device kernel's range: rank the host copy
@@ -174,13 +175,13 @@ def topk(head: Any, hidden: Any, k: int, check_finite: bool = True) -> tuple[np.
         ids, vals = _core.device_topk(head._core, rows, ptr, t, k, check_finite)
     ids = np.asarray(ids, dtype=np.int64).reshape(t, k)
     vals = np.asarray(vals, dtype=np.float32).reshape(t, k)
-    return (ids[0], vals[0]) if single else (ids, vals)
+    return ids, vals, single
 
 
 def argmax(head: Any, hidden: Any, check_finite: bool = True) -> Union[int, np.ndarray]:
     """Index of the largest logit per row, found on the device."""
-    ids, _ = topk(head, hidden, 1, check_finite)
-    return int(ids[0]) if ids.ndim == 1 else ids[:, 0]
+    ids, _, single = topk(head, hidden, 1, check_finite)
+    return int(ids[0, 0]) if single else ids[:, 0]
 
 
 def route_seconds(head: Any, hidden: Any, reps: int, held: bool = False) -> list[float]:

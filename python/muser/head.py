@@ -112,6 +112,14 @@ class Scores(NamedTuple):
     logsumexp: Any  # float32 per row
 
 
+class TopK(NamedTuple):
+    """What :meth:`Head.topk` returns, in torch's order: ``[k]`` or ``[t, k]`` each, best first."""
+
+    values: Any    # float32: the capped logits
+    indices: Any   # int64 token ids (ties: the lower id first)
+    logprobs: Any  # float32 log-probabilities of the same tokens, or None unless asked
+
+
 class Head:
     """A model head loaded from a GGUF file.
 
@@ -367,23 +375,38 @@ class Head:
         ids = np.asarray(_core.argmax_rows(self(rows, check_finite=check_finite)), dtype=np.int64)
         return int(ids[0]) if single else ids
 
-    def topk(self, hidden: Any, k: int, *, check_finite: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """The k best tokens: ``(ids, values)``, each ``[k]`` or ``[t, k]``, best first.
+    def topk(self, hidden: Any, k: int, *, logprobs: bool = False, check_finite: bool = True) -> TopK:
+        """The k best tokens: ``TopK(values, indices, logprobs)`` (torch's order), each ``[k]``
+        or ``[t, k]``, best first. Ties go to the lowest token id.
 
-        Ties go to the lowest token id.
+        ``logprobs=True`` also gives their log-probabilities (``value - logsumexp`` of the
+        row, the logsumexp of :meth:`logsumexp`); otherwise ``logprobs`` is None.
         """
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise TypeError(f"k must be an int, got {type(k).__name__}")
         if not 1 <= int(k) <= self._spec.vocab_size:
             raise ValueError(f"k must be in [1, {self._spec.vocab_size}] (V), got {k}")
+        if not isinstance(logprobs, bool):
+            raise TypeError(f"logprobs must be a bool, got {type(logprobs).__name__}")
         k = int(k)
-        if self._ranks_on_device:
-            return _device.topk(self, hidden, k, check_finite)  # ranked on the device: only the winners come back
-        rows, single = self._rows(hidden)
-        ids, vals = _core.topk_rows(self(rows, check_finite=check_finite), k)
-        ids = np.asarray(ids, dtype=np.int64).reshape(rows.shape[0], k)
-        vals = np.asarray(vals, dtype=np.float32).reshape(rows.shape[0], k)
-        return (ids[0], vals[0]) if single else (ids, vals)
+        if logprobs:  # one pass over the logits for both the winners and the row's logsumexp
+            logits, single = self._host_logits(hidden, check_finite)
+            ids, vals = _core.topk_rows(logits, k)
+            lse = np.asarray(_core.logsumexp_rows(logits, self._threads), dtype=np.float32)
+        elif self._ranks_on_device:
+            ids, vals, single = _device.topk(self, hidden, k, check_finite)  # only the winners come back
+            lse = None
+        else:
+            rows, single = self._rows(hidden)
+            ids, vals = _core.topk_rows(self(rows, check_finite=check_finite), k)
+            lse = None
+        t = -1
+        ids = np.asarray(ids, dtype=np.int64).reshape(t, k)
+        vals = np.asarray(vals, dtype=np.float32).reshape(t, k)
+        lps = None if lse is None else (vals - lse[:, None]).astype(np.float32)
+        if single:
+            return TopK(vals[0], ids[0], None if lps is None else lps[0])
+        return TopK(vals, ids, lps)
 
     # ---- what users compute from the logits (docs/numerics.md: the vocabulary reduction) ----
     def _host_logits(self, hidden: Any, check_finite: bool) -> tuple[np.ndarray, bool]:
