@@ -133,3 +133,56 @@ def test_topk_is_torch_ordered_with_optional_logprobs(head_file, rng):
     assert one.values.shape == (7,) and np.array_equal(one.logprobs, both.logprobs[1])
     with pytest.raises(TypeError, match="logprobs must be a bool"):
         head.topk(x, 3, logprobs=1)
+
+
+ROUTE_ACTS = [("graph", "f32"), ("fused", "f32"), ("canonical", "f32"), ("reference", "f32"),
+              ("fused", "q8"), ("canonical", "q8"), ("graph", "q8")]
+
+
+# acts="q8" exists for quantized weights only (ggml multiplies F16 weights in float)
+@pytest.mark.parametrize("route,acts,weight_type", [(r, a, w) for r, a in ROUTE_ACTS for w in ("Q5_K", "Q6_K", "Q8_0", "F16")
+                                                    if not (a == "q8" and w == "F16")])
+def test_tiled_score_equals_the_reduction_of_the_whole_logits(head_file, rng, route, acts, weight_type):
+    # score and logsumexp run the route tile by tile (no [t, V] logits): the chosen ids'
+    # logits come from their rows alone, each tile's logits are reduced while in cache.
+    # Everything must equal reducing the full call's logits, bit for bit, on every route.
+    V = 2 * 2048 + 37  # three tiles, the last one short
+    head = muser.Head.load(head_file(weight_type=weight_type, hidden=256, vocab=V, softcap=15.0, seed=11),
+                           route=route, acts=acts, threads=2)
+    x = hidden_states(rng, 5, 256)
+    logits = np.array(head(x))
+    ids = rng.integers(0, V, size=(5, 6))
+    ids[:, 0] = np.argmax(logits, axis=1)     # rank 1
+    ids[:, 1] = ids[:, 0]                     # a repeated id
+    ids[:, 2] = np.argmin(logits, axis=1)     # rank V, unless ties
+    lp, vals, ranks, lse = (np.asarray(a) for a in _core.score_rows(logits, ids, 0))
+    s = head.score(x, ids)
+    np.testing.assert_array_equal(bits(s.logits), bits(vals.reshape(ids.shape)))
+    np.testing.assert_array_equal(bits(s.logprobs), bits(lp.reshape(ids.shape)))
+    np.testing.assert_array_equal(s.ranks, ranks.reshape(ids.shape))
+    np.testing.assert_array_equal(bits(s.logsumexp), bits(lse))
+    np.testing.assert_array_equal(bits(head.logsumexp(x)), bits(lse))
+    assert (s.ranks[:, 0] == 1).all()
+    # batch rows equal single steps (the tiles do not depend on t)
+    for r in (0, 4):
+        one = head.score(x[r], ids[r])
+        np.testing.assert_array_equal(bits(one.logprobs), bits(s.logprobs[r]))
+        np.testing.assert_array_equal(one.ranks, s.ranks[r])
+        assert head.logsumexp(x[r]) == s.logsumexp[r]
+
+
+def test_tiled_score_ranks_ties_across_tiles(head_file, rng):
+    # identical weight rows in different tiles give equal logits: the lower id ranks first
+    V, H = 3 * 2048, 256
+    w = (rng.standard_normal((V, H)) * 0.02).astype(np.float32)
+    w[4100] = w[7] = w[2049]
+    head = muser.Head.load(head_file(hidden=H, vocab=V, weight=w, weight_type="F32", seed=4), route="canonical")
+    x = hidden_states(rng, 2, H)
+    s = head.score(x, np.array([[7, 2049, 4100]] * 2))
+    logits = np.array(head(x))
+    order = np.argsort(-logits, axis=1, kind="stable")
+    for r in range(2):
+        rank_of = np.empty(V, np.int64)
+        rank_of[order[r]] = np.arange(1, V + 1)
+        assert list(s.ranks[r]) == [rank_of[7], rank_of[2049], rank_of[4100]]
+        assert s.ranks[r, 1] == s.ranks[r, 0] + 1 and s.ranks[r, 2] == s.ranks[r, 0] + 2

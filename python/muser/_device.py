@@ -141,15 +141,16 @@ def _inputs(head: Any, hidden: Any) -> tuple[Optional[np.ndarray], int, int, boo
 
 
 def call(head: Any, hidden: Any, *, on_device: bool, out: Optional[np.ndarray],
-         check_finite: bool) -> Union[np.ndarray, DeviceArray]:
-    """``head(hidden, on_device=...)`` for a head whose device keeps logits in its own memory."""
+         check_finite: bool, log_softmax: bool = False) -> Union[np.ndarray, DeviceArray]:
+    """``head(hidden, on_device=...)`` for a head whose device keeps logits in its own memory
+    (``log_softmax``: ``head.log_softmax``, computed on the device)."""
     if not head.caps["resident_logits"]:
         raise ValueError("on_device=True and device hidden states need a device with memory of its own; "
                          f"this head runs on {head.device!r}")
     rows, ptr, t, single = _inputs(head, hidden)
     if out is not None and not on_device:
         head._check_out(out, t, single)
-    nd, addr, _ = _core.device_run(head._core, rows, ptr, t, single, False, check_finite)
+    nd, addr, _ = _core.device_run(head._core, rows, ptr, t, single, False, check_finite, log_softmax)
     V = head.spec.vocab_size
     logits = DeviceArray(nd, addr, (V,) if single else (t, V), head._core)
     if on_device:

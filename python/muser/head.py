@@ -421,27 +421,52 @@ class Head:
 
         The canonical order (tiles of 2,048 ids, 32 lanes, fixed merge trees; exp and
         log from exact operations): the same bits for any batch size and thread count.
+        The vocabulary is reduced tile by tile: no ``[t, V]`` logits are kept.
         """
-        logits, single = self._host_logits(hidden, check_finite)
-        lse = np.asarray(_core.logsumexp_rows(logits, self._threads), dtype=np.float32)
-        return float(lse[0]) if single else lse
+        inputs = self._inputs(hidden)
+        lse = self._reduce(hidden, inputs, np.zeros((inputs[2], 0), np.int64), check_finite)[2]
+        return float(lse[0]) if inputs[3] else lse
 
-    def log_softmax(self, hidden: Any, *, out: Optional[np.ndarray] = None,
-                    check_finite: bool = True) -> np.ndarray:
-        """Log-probabilities ``logit - logsumexp`` per row: float32 ``[V]`` or ``[t, V]``, a view
-        of a buffer the head owns (like ``head(hidden)``), or ``out`` when given."""
-        V = self._spec.vocab_size
-        if _device.is_device_array(hidden):
-            logits, single = self._host_logits(hidden, check_finite)  # a new host array
-            if out is not None:
-                self._check_out(out, logits.shape[0], single)
-                out.reshape(logits.shape)[...] = logits
-                logits = out.reshape(logits.shape)
-        else:
+    def _inputs(self, hidden: Any) -> tuple[Optional[np.ndarray], int, int, bool]:
+        """``(host rows or None, device address, t, single)`` of a validated hidden state."""
+        if self._pinned is not None and not _device.is_device_array(hidden):
             rows, single = self._rows(hidden)
-            if out is not None:
-                self._check_out(out, rows.shape[0], single)
-            logits = self(rows, out=None if out is None else out.reshape(rows.shape[0], V), check_finite=check_finite)
+            return rows, 0, rows.shape[0], single
+        return _device._inputs(self, hidden)
+
+    def _reduce(self, hidden: Any, inputs: tuple[Optional[np.ndarray], int, int, bool], grid: np.ndarray,
+                check_finite: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The vocabulary reduction of the route's logits for ids ``grid`` [t, m] (m may be 0):
+        ``(values [t, m], ranks [t, m], lse [t])``."""
+        rows, ptr, t, _ = inputs
+        if self._pinned is not None:  # llama.cpp's logits: reduced on the host
+            logits = self(rows if rows is not None else hidden, check_finite=check_finite).reshape(t, -1)
+            _, vals, ranks, lse = _core.score_rows(logits, grid, self._threads)
+        else:
+            vals, ranks, lse = _core.device_score(self._core, rows, ptr, t, grid, check_finite)
+        return (np.asarray(vals, np.float32).reshape(t, -1), np.asarray(ranks, np.int64).reshape(t, -1),
+                np.asarray(lse, np.float32))
+
+    def log_softmax(self, hidden: Any, *, out: Optional[np.ndarray] = None, check_finite: bool = True,
+                    on_device: bool = False) -> Any:
+        """Log-probabilities ``logit - logsumexp`` per row: float32 ``[V]`` or ``[t, V]``, a view
+        of a buffer the head owns (like ``head(hidden)``), or ``out`` when given.
+
+        On a device with memory of its own (CUDA) the reduction runs there, and
+        ``on_device=True`` returns the :class:`muser.DeviceArray` without a copy.
+        """
+        if self._pinned is None and self.caps["resident_logits"]:
+            return _device.call(self, hidden, on_device=on_device, out=out, check_finite=check_finite,
+                                log_softmax=True)
+        if on_device:
+            raise ValueError("on_device=True needs a device with memory of its own; "
+                             f"this head runs on {self.device!r}")
+        V = self._spec.vocab_size
+        rows, single = self._rows(hidden)
+        if out is not None:
+            self._check_out(out, rows.shape[0], single)
+        logits = self(rows, out=None if out is None else out.reshape(rows.shape[0], V), check_finite=check_finite)
+        logits = logits.reshape(rows.shape[0], V)
         lse = _core.logsumexp_rows(logits, self._threads)
         _core.log_softmax_inplace(logits, lse, self._threads)
         if out is not None:
@@ -453,13 +478,15 @@ class Head:
         logsumexp (see :class:`Scores`).
 
         ``token_ids``: an int or int array ``[m]`` for one row ``[H]``; ``[t]`` (one token per
-        row) or ``[t, m]`` for a batch ``[t, H]``. Ids must lie in ``[0, V)``.
+        row) or ``[t, m]`` for a batch ``[t, H]``. Ids must lie in ``[0, V)``. The vocabulary
+        is reduced tile by tile (the chosen ids' logits first, from their rows alone), so
+        memory is O(t * m) plus a bounded scratch: no ``[t, V]`` logits are kept.
         """
-        logits, single = self._host_logits(hidden, check_finite)
-        t = logits.shape[0]
         ids = np.asarray(token_ids)
         if ids.dtype.kind not in "iu" or ids.dtype == np.bool_:
             raise TypeError(f"token_ids must be integers, got {ids.dtype}")
+        inputs = self._inputs(hidden)
+        t, single = inputs[2], inputs[3]
         shape = ids.shape
         if single:
             if ids.ndim > 1:
@@ -471,15 +498,13 @@ class Head:
             grid = ids
         else:
             raise ValueError(f"token_ids for {t} rows must have shape [{t}] or [{t}, m], got {shape}")
-        grid = np.ascontiguousarray(grid, dtype=np.int64)
         V = self._spec.vocab_size
         if grid.size and (grid.min() < 0 or grid.max() >= V):
             raise ValueError(f"token ids must lie in [0, {V}), got min {grid.min()} and max {grid.max()}")
-        lp, vals, ranks, lse = _core.score_rows(logits, grid, self._threads)
-        lp = np.asarray(lp, np.float32).reshape(shape)
-        vals = np.asarray(vals, np.float32).reshape(shape)
-        ranks = np.asarray(ranks, np.int64).reshape(shape)
-        lse = np.asarray(lse, np.float32)
+        grid = np.ascontiguousarray(grid, dtype=np.int64).reshape(t, -1)
+        vals, ranks, lse = self._reduce(hidden, inputs, grid, check_finite)
+        lp = (vals - lse[:, None]).astype(np.float32)  # logit - logsumexp: log_softmax's one subtraction
+        vals, ranks, lp = vals.reshape(shape), ranks.reshape(shape), lp.reshape(shape)
         if single and ids.ndim == 0:
             return Scores(float(lp), float(vals), int(ranks), float(lse[0]))
         return Scores(lp, vals, ranks, float(lse[0]) if single else lse)

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "cpu/kernels.h"
+#include "cpu/parallel.h"
 #include "errors.h"
 
 namespace muser {
@@ -61,6 +63,24 @@ std::vector<double> Device::route_seconds(const float* hidden, bool hidden_resid
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return seconds;
+}
+
+void Device::score(const float* hidden, bool hidden_resident, int t, const VocabScores& out) {
+  if (hidden_resident)
+    throw DeviceError("device '" + name() + "' has no memory of its own: score takes host hidden states");
+  const int64_t V = spec_.vocab;
+  auto logits = alloc_host((size_t)t * (size_t)V);
+  run(hidden, t, logits->data, nullptr);
+  cpu::logsumexp_rows(logits->data, t, V, cpu::default_threads(), out.lse);
+  if (out.m > 0) {
+    std::vector<float> logprobs((size_t)t * (size_t)out.m);
+    cpu::score_rows(logits->data, t, V, out.ids, out.m, out.lse, cpu::default_threads(), logprobs.data(), out.values, out.ranks);
+  }
+}
+
+void Device::log_softmax(float* logits, int t, float* lse) {
+  cpu::logsumexp_rows(logits, t, spec_.vocab, cpu::default_threads(), lse);
+  cpu::log_softmax_rows(logits, t, spec_.vocab, lse, cpu::default_threads());
 }
 
 void host_topk(const float* logits, int t, int64_t V, int k, int64_t* ids, float* vals) {

@@ -69,6 +69,18 @@ struct NodeTiming {
   double bytes = 0;  // bytes the step must move (reads + writes)
 };
 
+// What the consumer layer asks of a call's logits (docs/numerics.md, "The
+// vocabulary reduction"): each row's canonical logsumexp and, for m chosen ids
+// per row, their logit and 1-based rank (ties: the lower id first; NaN behind
+// every number) -- reduced tile by tile, so no [t x V] logits are kept.
+struct VocabScores {
+  int m = 0;                     // chosen ids per row (0: the logsumexp alone)
+  const int64_t* ids = nullptr;  // host [t x m], each in [0, V)
+  float* lse = nullptr;          // host [t]
+  float* values = nullptr;       // host [t x m]
+  int64_t* ranks = nullptr;      // host [t x m]
+};
+
 // What a device can do beyond run(). The defaults are the CPU's.
 struct DeviceCaps {
   bool resident_logits = false;  // run_resident(): logits stay in device memory
@@ -121,6 +133,15 @@ class Device {
   // it, after one untimed call (held: behind a stream hold where the device
   // has one, so host launch latency is not timed).
   virtual std::vector<double> route_seconds(const float* hidden, bool hidden_resident, int t, int reps, bool held);
+  // Runs the route on t hidden states and reduces its logits over the
+  // vocabulary into `out` (VocabScores), in at most a bounded scratch
+  // (kVocabScratchBytes) where the device works in chunks of rows. The
+  // default runs the whole route into host memory and reduces that.
+  virtual void score(const float* hidden, bool hidden_resident, int t, const VocabScores& out);
+  // In place over t rows of this device's logits [t x V] (resident memory when
+  // caps().resident_logits): logits - logsumexp of their row; lse[t] (host) gets
+  // the logsumexps. The default works on host memory.
+  virtual void log_softmax(float* logits, int t, float* lse);
 
  protected:
   // What every prepare() records first: the spec, the nodes and their steps.
@@ -129,6 +150,11 @@ class Device {
   std::vector<Node> nodes_;
   std::vector<Step> steps_;
 };
+
+// The most scratch memory score() takes for logits at once: the vocabulary is
+// reduced in chunks of rows of at most this many bytes for all t tokens
+// (at least one kLseTile of rows).
+constexpr size_t kVocabScratchBytes = size_t{32} << 20;
 
 // Ranks t rows of host logits [t x V]: the k best of each, best first, ties to
 // the lower id, NaN after every number (the order every backend's top-k keeps).

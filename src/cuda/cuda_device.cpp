@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "errors.h"
 #include "kernels.h"
 #include "muser/kernel_args.h"
+#include "muser/logsumexp.h"
 #include "quant_types.h"
 
 namespace muser {
@@ -370,6 +372,117 @@ class CudaDevice final : public Device {
     check(cudaStreamSynchronize(stream_), "top-k (synchronize)");
   }
 
+  // The route in chunks of rows (Device::score): the norm once, then for each
+  // chunk the matvec of its rows into a scratch of at most kVocabScratchBytes,
+  // the element-wise nodes, the tiles' (max, sum) pairs and the rank counts.
+  // The chosen ids' logits come first, from a copy of their rows alone (a
+  // row's result does not depend on its neighbours: docs/numerics.md).
+  void score(const float* hidden, bool hidden_on_device, int t, const VocabScores& out) override {
+    if (t < 1) throw ArgValueError("t must be >= 1");
+    DeviceScope scope(ordinal_);
+    const int64_t H = spec_.hidden, V = spec_.vocab, m = out.m;
+    const size_t xbytes = (size_t)t * H * sizeof(float);
+    const float* x = hidden;
+    if (!hidden_on_device) {
+      float* dst = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
+      check(cudaMemcpyAsync(dst, hidden, xbytes, cudaMemcpyHostToDevice, stream_), "upload of the hidden states");
+      x = dst;
+    }
+    float* normed = static_cast<float*>(normed_.ensure(xbytes, ordinal_, "normed hidden states"));
+    size_t mv = 0;
+    while (mv < nodes_.size() && !is_matvec(nodes_[mv].kind)) ++mv;
+    for (const Step& st : steps_)
+      if (st.first < mv) enqueue(st, x, normed, nullptr, t);
+    const NodeKind kind = nodes_[mv].kind;
+    Q8Args q = q8_args(t, nullptr);
+    if (is_q8(kind)) {
+      acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
+      quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
+    }
+    auto finish = [&](float* y, int64_t count) {
+      for (size_t i = mv + 1; i < nodes_.size(); ++i) enqueue_epilogue(nodes_[i], y, count);
+    };
+    const auto* w = static_cast<const uint8_t*>(weight_->ptr);
+
+    // the chosen ids: each distinct id's row once (its logits for every token), then gathered
+    const int64_t n_ids = (int64_t)t * m;
+    std::vector<int64_t> uniq(out.ids, out.ids + n_ids);
+    std::sort(uniq.begin(), uniq.end());
+    uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
+    const int64_t U = (int64_t)uniq.size();
+    unsigned long long* ahead = nullptr;
+    float* values = nullptr;
+    const int64_t* ids_dev = nullptr;
+    if (U > 0) {
+      // one upload: ids [t*m] | uniq [U] (int64), slots [t*m] (int32)
+      std::vector<int32_t> slot((size_t)n_ids);
+      for (int64_t i = 0; i < n_ids; ++i)
+        slot[(size_t)i] = (int32_t)(std::lower_bound(uniq.begin(), uniq.end(), out.ids[i]) - uniq.begin());
+      const size_t id_bytes = (size_t)(n_ids + U) * 8, slot_bytes = (size_t)n_ids * 4;
+      std::vector<uint8_t> host(id_bytes + slot_bytes);
+      std::memcpy(host.data(), out.ids, (size_t)n_ids * 8);
+      std::memcpy(host.data() + n_ids * 8, uniq.data(), (size_t)U * 8);
+      std::memcpy(host.data() + id_bytes, slot.data(), slot_bytes);
+      auto* dev = static_cast<uint8_t*>(score_ids_.ensure(host.size(), ordinal_, "chosen token ids"));
+      check(cudaMemcpyAsync(dev, host.data(), host.size(), cudaMemcpyHostToDevice, stream_), "upload of token ids");
+      // (pageable memory: the copy has taken the bytes when the call returns)
+      ids_dev = reinterpret_cast<const int64_t*>(dev);
+      const size_t mini_bytes = device_weight_bytes(out_.type, U, out_.row_bytes);
+      auto* mini = static_cast<uint8_t*>(score_mini_.ensure(mini_bytes, ordinal_, "the chosen ids' weight rows"));
+      gather_rows(w, out_.type, out_.row_bytes, ids_dev + n_ids, U, mini, stream_);
+      // mini_logits [t x U] | values [t*m] | (8-byte aligned) ahead [t*m]
+      const size_t values_at = (size_t)t * U * 4, ahead_at = (values_at + (size_t)n_ids * 4 + 7) / 8 * 8;
+      auto* small = static_cast<uint8_t*>(
+          score_small_.ensure(ahead_at + (size_t)n_ids * 8, ordinal_, "the chosen ids' logits"));
+      auto* mini_logits = reinterpret_cast<float*>(small);
+      values = reinterpret_cast<float*>(small + values_at);
+      ahead = reinterpret_cast<unsigned long long*>(small + ahead_at);
+      enqueue_matvec_rows(kind, mini, U, normed, q, t, mini_logits, U);
+      finish(mini_logits, (int64_t)t * U);
+      gather_values(mini_logits, reinterpret_cast<const int*>(dev + id_bytes), t, (int)m, U, values, ahead, stream_);
+    }
+
+    // the vocabulary in chunks of whole tiles
+    const int64_t tiles = (V + kLseTile - 1) / kLseTile;
+    const int64_t budget_rows = (int64_t)(kVocabScratchBytes / (sizeof(float) * (size_t)t)) / kLseTile * kLseTile;
+    const int64_t chunk = std::min<int64_t>(std::max<int64_t>(budget_rows, kLseTile), tiles * kLseTile);
+    auto* y = static_cast<float*>(score_chunk_.ensure((size_t)t * std::min(chunk, V) * 4, ordinal_, "a chunk of logits"));
+    void* pairs = score_pairs_.ensure((size_t)t * tiles * lse_pair_bytes(), ordinal_, "logsumexp tile pairs");
+    float* lse = static_cast<float*>(score_lse_.ensure((size_t)t * 4, ordinal_, "logsumexps"));
+    for (int64_t r0 = 0; r0 < V; r0 += chunk) {
+      const int64_t n = std::min(chunk, V - r0);
+      // r0 is a multiple of kTileRows, so the chunk starts a row tile: in the tiled
+      // layout too its rows begin r0 * row_bytes in (device_layout.h)
+      const int64_t offset = r0 * out_.row_bytes;
+      enqueue_matvec_rows(kind, w + offset, n, normed, q, t, y, n);
+      finish(y, (int64_t)t * n);
+      lse_tiles(y, n, n, t, r0 / kLseTile, tiles, pairs, stream_);
+      if (U > 0) rank_count(y, n, n, t, r0, ids_dev, values, (int)m, ahead, stream_);
+    }
+    lse_finish(pairs, tiles, t, lse, stream_);
+    check(cudaMemcpyAsync(out.lse, lse, (size_t)t * 4, cudaMemcpyDeviceToHost, stream_), "download of logsumexps");
+    std::vector<unsigned long long> counts((size_t)n_ids);
+    if (U > 0) {
+      check(cudaMemcpyAsync(out.values, values, (size_t)n_ids * 4, cudaMemcpyDeviceToHost, stream_), "download of logits");
+      check(cudaMemcpyAsync(counts.data(), ahead, (size_t)n_ids * 8, cudaMemcpyDeviceToHost, stream_),
+            "download of ranks");
+    }
+    check(cudaStreamSynchronize(stream_), "score (synchronize)");
+    for (int64_t i = 0; i < n_ids; ++i) out.ranks[i] = 1 + (int64_t)counts[(size_t)i];
+  }
+
+  void log_softmax(float* logits, int t, float* lse_host) override {
+    DeviceScope scope(ordinal_);
+    const int64_t V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
+    void* pairs = score_pairs_.ensure((size_t)t * tiles * lse_pair_bytes(), ordinal_, "logsumexp tile pairs");
+    float* lse = static_cast<float*>(score_lse_.ensure((size_t)t * 4, ordinal_, "logsumexps"));
+    lse_tiles(logits, V, V, t, 0, tiles, pairs, stream_);
+    lse_finish(pairs, tiles, t, lse, stream_);
+    subtract_rows(logits, V, t, lse, stream_);
+    check(cudaMemcpyAsync(lse_host, lse, (size_t)t * 4, cudaMemcpyDeviceToHost, stream_), "download of logsumexps");
+    check(cudaStreamSynchronize(stream_), "log_softmax (synchronize)");
+  }
+
   int64_t find_nonfinite(const float* x, int64_t n) override {
     DeviceScope scope(ordinal_);
     auto* first = static_cast<unsigned long long*>(flag_.ensure(sizeof(unsigned long long), ordinal_, "a flag"));
@@ -462,11 +575,55 @@ class CudaDevice final : public Device {
       }
       case NodeKind::MatvecCanon: matvec_canon(matvec_args(normed, t, logits), stream_); break;
       case NodeKind::MatvecReference: matvec_reference(matvec_args(normed, t, logits), stream_); break;
-      case NodeKind::Scale: scale(logits, nl, n.f0, stream_); break;
-      case NodeKind::Tanh: tanh_inplace(logits, nl, stream_); break;
-      case NodeKind::SoftcapFused: softcap_fused(logits, nl, n.f0, n.f1, stream_); break;
-      case NodeKind::SoftcapReference: softcap_reference(logits, nl, n.f1, n.f2, stream_); break;
-      case NodeKind::SoftcapCanon: softcap_canon(logits, nl, n.f0, n.f1, n.f2, stream_); break;
+      case NodeKind::Scale:
+      case NodeKind::Tanh:
+      case NodeKind::SoftcapFused:
+      case NodeKind::SoftcapReference:
+      case NodeKind::SoftcapCanon: enqueue_epilogue(n, logits, nl); break;
+    }
+  }
+
+  // An element-wise node over n logits at y (the start of an allocation: 16-byte aligned).
+  void enqueue_epilogue(const Node& n, float* y, int64_t count) {
+    switch (n.kind) {
+      case NodeKind::Scale: scale(y, count, n.f0, stream_); return;
+      case NodeKind::Tanh: tanh_inplace(y, count, stream_); return;
+      case NodeKind::SoftcapFused: softcap_fused(y, count, n.f0, n.f1, stream_); return;
+      case NodeKind::SoftcapReference: softcap_reference(y, count, n.f1, n.f2, stream_); return;
+      case NodeKind::SoftcapCanon: softcap_canon(y, count, n.f0, n.f1, n.f2, stream_); return;
+      case NodeKind::RmsNorm:
+      case NodeKind::RmsNormCanon:
+      case NodeKind::LayerNorm:
+      case NodeKind::LayerNormCanon:
+      case NodeKind::MulGamma:
+      case NodeKind::MatvecQ8:
+      case NodeKind::MatvecQ8Reference:
+      case NodeKind::MatvecCanon:
+      case NodeKind::MatvecReference: break;
+    }
+    throw Error(std::string("internal: ") + node_kind_name(n.kind) + " is not an element-wise node");
+  }
+
+  // The matvec node for rows [r0, r0 + rows) of the weight at w (the device
+  // layout; r0 a multiple of kTileRows) into y [t x ldy]; q: the call's quantized
+  // activations (acts="q8"), x the normed ones.
+  void enqueue_matvec_rows(NodeKind kind, const uint8_t* w, int64_t rows, const float* x, const Q8Args& q, int t,
+                           float* y, int64_t ldy) {
+    auto place = [&](WeightArgs& a) {
+      a.w = w;
+      a.rows = rows;
+      a.y = y;
+      a.ldy = ldy;
+    };
+    if (kind == NodeKind::MatvecQ8 || kind == NodeKind::MatvecQ8Reference) {
+      Q8Args a = q;
+      place(a);
+      matvec_q8(a, stream_);
+    } else {
+      MatvecArgs a = matvec_args(x, t, y);
+      place(a);
+      if (kind == NodeKind::MatvecCanon) matvec_canon(a, stream_);
+      else matvec_reference(a, stream_);
     }
   }
 
@@ -580,6 +737,7 @@ class CudaDevice final : public Device {
   bool q8_ = false;  // the route's matvec quantizes the activations
   std::unique_ptr<DeviceMemory> weight_, gamma_;
   Scratch hidden_, normed_, topk_scratch_, topk_out_, flag_, acts_q8_;
+  Scratch score_ids_, score_mini_, score_small_, score_chunk_, score_pairs_, score_lse_;  // score()
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
 };
 

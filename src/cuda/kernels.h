@@ -81,6 +81,28 @@ void topk(const float* logits, int64_t V, int t, int k, void* scratch, int64_t* 
           cudaStream_t stream);
 // k <= kTopkMax (muser/kernel_args.h); a larger k falls back to the host.
 
+// ---- vocab_reduce.cu: the consumer's reductions over the vocabulary (muser/logsumexp.h) ----
+// Bytes of one (max, sum) pair of a tile.
+size_t lse_pair_bytes();
+// The pairs of the tiles of n logits of each of t rows y[k * ld + i] (n from a
+// tile boundary), written at pairs[k * tiles_total + tile0 + tile].
+void lse_tiles(const float* y, int64_t ld, int64_t n, int t, int64_t tile0, int64_t tiles_total, void* pairs,
+               cudaStream_t stream);
+// lse[k] = the logsumexp of row k's tiles_total pairs (joined in place by lse_tree).
+void lse_finish(void* pairs, int64_t tiles, int t, float* lse, cudaStream_t stream);
+// For each of row k's m chosen ids (ids, their logits in values, [t x m]): adds
+// the ids among the n logits y[k * ld + i] (ids r0 + i) ranked ahead of it to ahead.
+void rank_count(const float* y, int64_t ld, int64_t n, int t, int64_t r0, const int64_t* ids, const float* values,
+                int m, unsigned long long* ahead, cudaStream_t stream);
+// mini (device_weight_bytes(type, U, row_bytes)) = rows uniq[0..U) of the weight w, in the device layout.
+void gather_rows(const uint8_t* w, uint32_t type, int64_t row_bytes, const int64_t* uniq, int64_t U, uint8_t* mini,
+                 cudaStream_t stream);
+// values[q] = mini_logits[(q / m) * U + slot[q]] and ahead[q] = 0 for q < t * m.
+void gather_values(const float* mini_logits, const int* slot, int t, int m, int64_t U, float* values,
+                   unsigned long long* ahead, cudaStream_t stream);
+// y[k, i] -= lse[k] over t rows of V logits: log-softmax in place.
+void subtract_rows(float* y, int64_t V, int t, const float* lse, cudaStream_t stream);
+
 // ---- checks.cu ----
 // first_bad[0] = lowest index of a NaN/inf among x[0..n), or n when all are finite.
 void find_nonfinite(const float* x, int64_t n, unsigned long long* first_bad, cudaStream_t stream);

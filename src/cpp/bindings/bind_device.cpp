@@ -118,7 +118,7 @@ void bind_device(nb::module_& m) {
   }, nb::arg("device"), "What a device can do (DeviceCaps) -- making it, so an absent one raises DeviceError.");
 
   m.def("device_run", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t address, int64_t t,
-                         bool squeeze, bool profile, bool check_finite) -> nb::tuple {
+                         bool squeeze, bool profile, bool check_finite, bool log_softmax) -> nb::tuple {
     Device& dev = resident_device(*h);
     const DeviceCaps caps = dev.caps();
     const int64_t V = h->spec().vocab;
@@ -129,6 +129,10 @@ void bind_device(nb::module_& m) {
       std::lock_guard<std::mutex> lock(h->mutex());
       const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite);
       logits = dev.run_resident(in.ptr, in.resident, (int)t, profile ? &timings : nullptr);
+      if (log_softmax) {
+        std::vector<float> lse((size_t)t);
+        dev.log_softmax(static_cast<float*>(logits->ptr), (int)t, lse.data());
+      }
     }
     struct Owner {
       std::shared_ptr<ResidentBuffer> mem;
@@ -144,8 +148,9 @@ void bind_device(nb::module_& m) {
                                            caps.dlpack_device, caps.ordinal);
     return nb::make_tuple(nb::cast(view), (uint64_t)(uintptr_t)logits->ptr, profile_list(timings));
   }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("squeeze"),
-  nb::arg("profile"), nb::arg("check_finite"),
-  "Run the head's route into logits that stay in device memory; returns (DLPack ndarray, its address, profile). "
+  nb::arg("profile"), nb::arg("check_finite"), nb::arg("log_softmax") = false,
+  "Run the head's route into logits that stay in device memory (log_softmax: then logits - logsumexp, in place, "
+  "on the device); returns (DLPack ndarray, its address, profile). "
   "The logits are a pooled buffer no one else holds; later calls never write it while a view lives.");
 
   m.def("device_download", [](std::shared_ptr<Head> h, uint64_t address, int64_t count) {
@@ -195,6 +200,39 @@ void bind_device(nb::module_& m) {
     return nb::make_tuple(ids, vals);
   }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("k"),
   nb::arg("check_finite"), "Run the route and rank each row on the device; only (ids, values) [t*k] come back.");
+  m.def("device_score", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t address, int64_t t,
+                           const AnyArray& ids, bool check_finite) -> nb::tuple {
+    Device& dev = h->device();
+    const int64_t V = h->spec().vocab;
+    if (ids.dtype() != nb::dtype<int64_t>() || ids.ndim() != 2 || (int64_t)ids.shape(0) != t ||
+        (ids.shape(1) > 1 && ids.stride(1) != 1) || (ids.shape(0) > 1 && ids.stride(0) != (int64_t)ids.shape(1)) ||
+        ids.device_type() != nb::device::cpu::value)
+      throw ArgValueError("token ids must be a C-contiguous host int64 [t, m] array with t=" + std::to_string(t) +
+                          ", got shape " + shape_str(ids));
+    const int m = (int)ids.shape(1);
+    const auto* id = static_cast<const int64_t*>(ids.data());
+    for (int64_t q = 0; q < t * m; ++q)
+      if (id[q] < 0 || id[q] >= V)
+        throw ArgValueError("token id " + std::to_string(id[q]) + " is outside [0, " + std::to_string(V) + ")");
+    std::vector<float> lse((size_t)t), values((size_t)(t * m));
+    std::vector<int64_t> ranks((size_t)(t * m));
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(h->mutex());
+      h->check_file();
+      const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite);
+      VocabScores out;
+      out.m = m;
+      out.ids = id;
+      out.lse = lse.data();
+      out.values = values.data();
+      out.ranks = ranks.data();
+      dev.score(in.ptr, in.resident, (int)t, out);
+    }
+    return nb::make_tuple(values, ranks, lse);
+  }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("ids"),
+  nb::arg("check_finite"),
+  "Run the route and reduce its logits over the vocabulary (Device::score): (values [t*m], ranks [t*m], lse [t]).");
 }
 
 }  // namespace muser::py

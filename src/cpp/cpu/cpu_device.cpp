@@ -9,6 +9,7 @@
 // just written, while they are in cache. Each computes exactly the unfused
 // nodes' bytes (tests/test_fusion.py).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -24,6 +25,7 @@
 #include "cpu/parallel.h"
 #include "device.h"
 #include "errors.h"
+#include "muser/logsumexp.h"
 
 namespace muser {
 
@@ -111,6 +113,29 @@ int64_t epilogue_grain(NodeKind k) {
 
 namespace cpu {
 
+void matvec_rows(NodeKind kind, const WeightView& w, const StepBuffers& b, int t, int64_t r0, int64_t r1, float* y,
+                 int64_t ldy) {
+  const int64_t H = w.cols;
+  switch (kind) {
+    case NodeKind::MatvecReference: matvec_reference(w, b.normed, H, t, r0, r1, y, ldy); return;
+    case NodeKind::MatvecCanon: matvec_canon(w, b.normed, H, t, r0, r1, y, ldy); return;
+    case NodeKind::MatvecQ8: matvec_q8(w, *b.acts_q8, r0, r1, y, ldy); return;
+    // the q8 definition itself: the scalar twin
+    case NodeKind::MatvecQ8Reference: matvec_q8_scalar(w, *b.acts_q8, r0, r1, y, ldy); return;
+    case NodeKind::RmsNorm:
+    case NodeKind::RmsNormCanon:
+    case NodeKind::LayerNorm:
+    case NodeKind::LayerNormCanon:
+    case NodeKind::MulGamma:
+    case NodeKind::Scale:
+    case NodeKind::Tanh:
+    case NodeKind::SoftcapFused:
+    case NodeKind::SoftcapReference:
+    case NodeKind::SoftcapCanon: break;
+  }
+  throw Error(std::string("internal: ") + node_kind_name(kind) + " is not a matvec");
+}
+
 bool cpu_fusable(NodeKind a, NodeKind b) {
   return (is_norm(a) && b == NodeKind::MulGamma) || (is_matvec(a) && is_epilogue(b));
 }
@@ -143,23 +168,7 @@ void run_steps(const std::vector<Node>& nodes, const std::vector<Step>& steps, c
       // quantized once per call, read by every row (part of the step's time, as in ggml's mul_mat)
       if (q8) quantize_acts_q8(w.output.type, b.normed, H, H, t, b.acts_q8);
       parallel_for(V, grain, threads, [&](int64_t r0, int64_t r1) {
-        switch (head.kind) {
-          case NodeKind::MatvecReference: matvec_reference(w.output, b.normed, H, t, r0, r1, b.logits, V); break;
-          case NodeKind::MatvecCanon: matvec_canon(w.output, b.normed, H, t, r0, r1, b.logits, V); break;
-          case NodeKind::MatvecQ8: matvec_q8(w.output, *b.acts_q8, r0, r1, b.logits, V); break;
-          // the q8 definition itself: the scalar twin
-          case NodeKind::MatvecQ8Reference: matvec_q8_scalar(w.output, *b.acts_q8, r0, r1, b.logits, V); break;
-          case NodeKind::RmsNorm:
-          case NodeKind::RmsNormCanon:
-          case NodeKind::LayerNorm:
-          case NodeKind::LayerNormCanon:
-          case NodeKind::MulGamma:
-          case NodeKind::Scale:
-          case NodeKind::Tanh:
-          case NodeKind::SoftcapFused:
-          case NodeKind::SoftcapReference:
-          case NodeKind::SoftcapCanon: break;
-        }
+        matvec_rows(head.kind, w.output, b, t, r0, r1, b.logits, V);
         if (fused)  // this chunk's logits, while they are in cache
           for (int64_t k = 0; k < t; ++k) epilogue(*fused, b.logits + k * V + r0, r1 - r0);
       });
@@ -197,6 +206,84 @@ class CpuDevice final : public Device {
     normed_.resize((size_t)t * (size_t)spec_.hidden);
     const cpu::StepBuffers b{hidden, normed_.data(), logits, &acts_q8_};
     cpu::run_steps(nodes_, steps_, spec_, *w_, threads_, t, b, timings);
+  }
+
+  // The route tile by tile (kLseTile rows of the vocabulary for every token,
+  // in a scratch of each task's own): the nodes after the matvec are
+  // element-wise, so a tile's logits are the full call's bytes, reduced while
+  // in cache. The chosen ids' logits come first, from their rows alone (a
+  // row's dot product does not depend on its neighbours: docs/numerics.md), so
+  // each tile can count the ids ahead of them.
+  void score(const float* hidden, bool hidden_resident, int t, const VocabScores& out) override {
+    if (hidden_resident) Device::score(hidden, hidden_resident, t, out);  // refuses, saying why
+    const int64_t H = spec_.hidden, V = spec_.vocab, m = out.m;
+    normed_.resize((size_t)t * (size_t)H);
+    const cpu::StepBuffers b{hidden, normed_.data(), nullptr, &acts_q8_};
+    size_t mv = 0;
+    while (mv < nodes_.size() && !is_matvec(nodes_[mv].kind)) ++mv;
+    std::vector<Step> before;
+    for (const Step& st : steps_)
+      if (st.first < mv) before.push_back(st);
+    cpu::run_steps(nodes_, before, spec_, *w_, threads_, t, b, nullptr);
+    const NodeKind kind = nodes_[mv].kind;
+    if (kind == NodeKind::MatvecQ8 || kind == NodeKind::MatvecQ8Reference)
+      cpu::quantize_acts_q8(w_->output.type, b.normed, H, H, t, b.acts_q8);
+    const WeightView& w = w_->output;
+    auto rows_view = [&](int64_t r0, int64_t n) {
+      WeightView v = w;
+      v.data = w.data + r0 * w.row_bytes;
+      v.rows = n;
+      return v;
+    };
+    // y [t x ld]: n logits of each token through the nodes after the matvec
+    auto finish = [&](float* y, int64_t ld, int64_t n) {
+      for (size_t i = mv + 1; i < nodes_.size(); ++i)
+        for (int k = 0; k < t; ++k) epilogue(nodes_[i], y + k * ld, n);
+    };
+
+    // the chosen ids' logits: each distinct id's row once, for every token
+    std::vector<int64_t> uniq(out.ids, out.ids + t * m);
+    std::sort(uniq.begin(), uniq.end());
+    uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
+    const int64_t U = (int64_t)uniq.size();
+    if (U > 0) {
+      std::vector<float> chosen((size_t)(t * U));
+      cpu::parallel_for(U, 16, threads_, [&](int64_t a, int64_t c) {
+        for (int64_t u = a; u < c; ++u)
+          cpu::matvec_rows(kind, rows_view(uniq[(size_t)u], 1), b, t, 0, 1, chosen.data() + u, U);
+      });
+      finish(chosen.data(), U, U);
+      for (int64_t q = 0; q < t * m; ++q) {
+        const int64_t u = std::lower_bound(uniq.begin(), uniq.end(), out.ids[q]) - uniq.begin();
+        out.values[q] = chosen[(size_t)((q / m) * U + u)];
+      }
+    }
+
+    const int64_t tiles = (V + kLseTile - 1) / kLseTile;
+    std::vector<LsePair> pairs((size_t)(t * tiles));
+    std::vector<std::atomic<int64_t>> ahead((size_t)(t * m));
+    for (auto& a : ahead) a.store(0, std::memory_order_relaxed);
+    cpu::parallel_for(tiles, 1, threads_, [&](int64_t a, int64_t c) {
+      std::vector<float> y((size_t)t * kLseTile);
+      for (int64_t tile = a; tile < c; ++tile) {
+        const int64_t r0 = tile * kLseTile, n = std::min<int64_t>(kLseTile, V - r0);
+        cpu::matvec_rows(kind, rows_view(r0, n), b, t, 0, n, y.data(), n);
+        finish(y.data(), n, n);
+        for (int k = 0; k < t; ++k) {
+          const float* row = y.data() + k * n;
+          pairs[(size_t)(k * tiles + tile)] = lse_tile(row, (int)n);
+          for (int64_t j = 0; j < m; ++j) {
+            const int64_t q = k * m + j, tok = out.ids[q];
+            const float v = out.values[q];
+            int64_t count = 0;
+            for (int64_t i = 0; i < n; ++i) count += ranks_ahead(row[i], r0 + i, v, tok);
+            if (count) ahead[(size_t)q].fetch_add(count, std::memory_order_relaxed);
+          }
+        }
+      }
+    });
+    for (int k = 0; k < t; ++k) out.lse[k] = lse_value(lse_tree(pairs.data() + k * tiles, (int)tiles));
+    for (int64_t q = 0; q < t * m; ++q) out.ranks[q] = 1 + ahead[(size_t)q].load(std::memory_order_relaxed);
   }
 
  private:

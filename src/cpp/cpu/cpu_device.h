@@ -24,6 +24,11 @@ struct StepBuffers {
 void run_steps(const std::vector<Node>& nodes, const std::vector<Step>& steps, const HeadSpec& spec,
                const HeadWeights& w, int threads, int t, const StepBuffers& b, std::vector<NodeTiming>* timings);
 
+// The matvec node `kind` for rows [r0, r1) of w into y[tok * ldy + r] (b: its
+// activations, b.acts_q8 already quantized for the q8 kinds).
+void matvec_rows(NodeKind kind, const WeightView& w, const StepBuffers& b, int t, int64_t r0, int64_t r1, float* y,
+                 int64_t ldy);
+
 // The CPU's fused kernels: norm + γ, and a matvec with its element-wise epilogue.
 bool cpu_fusable(NodeKind a, NodeKind b);
 

@@ -33,10 +33,6 @@ void log_softmax_rows(float* logits, int t, int64_t V, const float* lse, int thr
   });
 }
 
-namespace {
-bool is_nan(float v) { return !(v == v); }
-}  // namespace
-
 void score_rows(const float* logits, int t, int64_t V, const int64_t* ids, int m, const float* lse, int threads,
                 float* logprobs, float* values, int64_t* ranks) {
   parallel_for((int64_t)t * m, 1, threads, [&](int64_t a, int64_t b) {
@@ -44,14 +40,9 @@ void score_rows(const float* logits, int t, int64_t V, const int64_t* ids, int m
       const int64_t r = q / m, tok = ids[q];
       const float* row = logits + r * V;
       const float v = row[tok];
-      // rank: 1 + the ids ahead of tok (a larger logit, or an equal one with a
-      // lower id); NaN is behind every number, NaNs among themselves by id
+      // rank: 1 + the ids ahead of tok (muser/logsumexp.h)
       int64_t ahead = 0;
-      if (is_nan(v)) {
-        for (int64_t j = 0; j < V; ++j) ahead += !is_nan(row[j]) || j < tok;
-      } else {
-        for (int64_t j = 0; j < V; ++j) ahead += row[j] > v || (row[j] == v && j < tok);
-      }
+      for (int64_t j = 0; j < V; ++j) ahead += ranks_ahead(row[j], j, v, tok);
       values[q] = v;
       logprobs[q] = v - lse[r];
       ranks[q] = 1 + ahead;

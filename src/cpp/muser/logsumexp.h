@@ -58,6 +58,14 @@ MUSER_HD LsePair lse_tree(P tiles, int n) {
   return n == 1 ? tiles[0] : lse_empty();
 }
 
+// Whether token j with logit v ranks ahead of token `tok` with logit `target`:
+// a larger logit, or an equal one with a lower id; NaN is behind every number,
+// NaNs among themselves by id. A rank is 1 + the count of ids ahead.
+MUSER_HD bool ranks_ahead(float v, int64_t j, float target, int64_t tok) {
+  if (!(target == target)) return v == v || j < tok;
+  return v > target || (v == target && j < tok);
+}
+
 MUSER_HD float lse_value(LsePair a) {
   if (a.m == lse_neg_inf()) return a.m;
   return a.m + canon_log(a.s);
