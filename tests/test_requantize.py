@@ -155,6 +155,8 @@ def test_bad_arguments(head_file, tmp_path):
         muser.requantize(42, "Q8_0", tmp_path / "x.gguf")
     with pytest.raises(muser.GGUFError):
         muser.requantize(tmp_path / "missing.gguf", "Q8_0", tmp_path / "x.gguf")
+    with pytest.raises(ValueError, match="not be the source file itself"):
+        muser.requantize(src, "Q8_0", src)
     odd = head_file(hidden=96, vocab=50, weight_type="Q8_0")  # 96 is no multiple of 256
     with pytest.raises(ValueError, match="256"):
         muser.requantize(odd, "Q4_K", tmp_path / "x.gguf")

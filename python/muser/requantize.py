@@ -91,6 +91,8 @@ def requantize(source: Union[PathLike, Any], type: Any, path: PathLike, *,
 
     tname = _type_name(type)
     f, spec, label = _source(source)
+    if os.path.exists(path) and os.path.samefile(path, label):
+        raise ValueError(f"path must not be the source file itself ({label}): the source is read while it is written")
     V, H = spec.vocab_size, spec.hidden_size
     src_type = _tensor_type(f, spec.output_weight)
     src = f.tensor_bytes(spec.output_weight).reshape(V, -1)
