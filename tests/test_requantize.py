@@ -76,8 +76,8 @@ def test_round_trip(head_file, tmp_path, src_type, new_type):
 
 # What requantizing a weight to its own type does, measured (2,000 rows x 512):
 # - F32, F16, BF16: the same bytes (a float's own format holds it exactly);
-# - Q8_0 made by ggml's quantizer (muser's, and llama.cpp's in the real Gemma 3 head): the same bytes (each block holds a |q| = 127, so
-#   d = 127 * d16 / 127 is d16 again and q * d16 / d16 rounds back to q); Q8_0 blocks not
+# - Q8_0 made by ggml's quantizer (muser's; llama.cpp's in the real Gemma 3 head): the same
+#   bytes (each block holds a |q| = 127, so d = 127 * d16 / 127 is d16 again and q * d16 / d16 rounds back to q); Q8_0 blocks not
 #   made by it (random quants, no |q| = 127) get a new, smaller d: every row changes;
 # - the K-quants search their scales again: Q4_K changed 0.2 % of quantizer-made rows,
 #   Q5_K 18 %, Q6_K 35 % (with equal decoded values), and every row of random blocks.
