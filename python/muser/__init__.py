@@ -11,6 +11,8 @@ from ._core import GGUFFile, build_info
 from ._quant import dequantize, quantize
 from .errors import DeviceError, Error, GGUFError, NonFiniteError, SpecError
 from .compare import BoundedLogitPolicy, CompareResult, compare
+from .lens import LensResult, lens
+from .requantize import requantize
 from ._device import DeviceArray
 from .head import Head, HeadSpec, NodeProfile, Scores, TopK
 
@@ -28,6 +30,8 @@ __all__ = [
     "dequantize",
     "ops",
     "compare", "CompareResult", "BoundedLogitPolicy",
+    "lens", "LensResult",
+    "requantize",
     "build_info",
     "Error",
     "GGUFError",

@@ -1,4 +1,4 @@
-"""Command line: ``python -m muser demo | inspect | bench | compare``."""
+"""Command line: ``python -m muser demo | inspect | bench | compare | lens | sensitivity``."""
 from __future__ import annotations
 
 import argparse
@@ -120,7 +120,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     i.add_argument("--json", action="store_true")
     i.set_defaults(fn=cmd_inspect)
 
-    for name in ("_cli_bench", "_cli_compare"):
+    for name in ("_cli_bench", "_cli_compare", "_cli_lens", "_cli_sensitivity"):
         try:
             mod = __import__(f"muser.{name}", fromlist=["add_parser"])
         except ImportError:

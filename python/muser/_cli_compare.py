@@ -6,6 +6,9 @@ A and B are each a GGUF path (``model.gguf``, ``model.gguf:pinned``,
 float32 [N, H], or an ``.npz`` with a ``hidden`` array, as
 :meth:`muser.pinned.Capture.save` writes). With ``--max-delta``/``--mean-delta``
 the bounded-logit policy is checked and the exit status is 1 when it fails.
+With ``--targets`` (a ``.npy`` of int token ids, the next token of each row)
+llama-perplexity's KL-divergence statistics follow, in its layout, B as the
+base and A as Q.
 
 Wired into ``muser.__main__`` by ``add_parser(subparsers)``; ``run(args)`` returns the exit status.
 """
@@ -34,6 +37,7 @@ def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentPar
     p.add_argument("--device", default=None, help="device for GGUF sources that do not name one (default cpu)")
     p.add_argument("--acts", choices=("f32", "q8"), default=None, help="activation mode for GGUF sources")
     p.add_argument("-k", "--top-k", type=int, default=5, help="k of the top-k overlap (default 5)")
+    p.add_argument("--targets", help="next-token ids .npy [N] (int): add llama-perplexity's KL statistics")
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per streamed chunk")
     p.add_argument("--max-delta", type=float, default=None, help="policy: require max |a-b| < this")
     p.add_argument("--mean-delta", type=float, default=None, help="policy: require mean |a-b| < this")
@@ -51,17 +55,21 @@ def run(args: argparse.Namespace) -> int:
         if (args.max_delta is None) != (args.mean_delta is None):
             raise Error("--max-delta and --mean-delta go together")
         srcs = [load_source(s, route=args.route, device=args.device, acts=args.acts) for s in (args.a, args.b)]
-        res = compare(srcs[0], srcs[1], hidden=args.hidden, k=args.top_k, chunk_rows=args.chunk_rows)
+        res = compare(srcs[0], srcs[1], hidden=args.hidden, k=args.top_k, chunk_rows=args.chunk_rows,
+                      targets=getattr(args, "targets", None))
         verdict = None
         if args.max_delta is not None:
             verdict = BoundedLogitPolicy(args.max_delta, args.mean_delta).check(res)
-    except Error as e:
+    except (Error, TypeError, ValueError) as e:
         print(f"muser compare: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(result_json(res, verdict, per_row=args.per_row))
     else:
         print(res.table())
+        if res.has_targets:
+            print()
+            print(res.llama_table())
         if verdict is not None:
             print(str(verdict))
     return 0 if verdict is None or verdict.passed else 1

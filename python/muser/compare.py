@@ -150,7 +150,21 @@ class CompareResult:
             computed in float64 (b is the reference distribution).
         per_row: arrays of length ``rows``: ``max_abs``, ``mean_abs``, ``argmax_a``,
             ``argmax_b``, ``topk_overlap``, ``kl``, ``gap_b`` (top-1 minus top-2
-            logit of b: a disagreement where ``gap_b`` is below the max |Δ| is a near-tie).
+            logit of b: a disagreement where ``gap_b`` is below the max |Δ| is a near-tie);
+            with ``targets`` also ``nll_a``, ``nll_b`` (-log p of the target) and ``delta_p``.
+
+    With ``targets`` (the next token of each row) the result also carries
+    llama-perplexity's KL-divergence statistics, b in the role of its *base*
+    (the reference) and a in the role of *Q*; each ``*_se`` is the standard error
+    of the value before it (as llama-perplexity prints ±). Without targets they are None.
+
+        kld_mean, kld_median, kld_p99, kld_p999, kld_max, kld_min: over the per-row
+            KL(b || a) (``per_row["kl"]``); percentiles interpolate linearly, as llama's.
+        delta_p_mean, delta_p_rms: over Δp = p_a(target) - p_b(target).
+        same_top_p: fraction of rows where argmax(a) == argmax(b).
+        ppl_a, ppl_b: exp(mean -log p(target)) of each side; ln_ppl_ratio = ln(ppl_a / ppl_b),
+            ppl_ratio, ppl_diff = ppl_a - ppl_b, ppl_cor: the correlation of the two sides'
+            -log p (llama's "Cor(ln(PPL(Q)), ln(PPL(base)))").
     """
 
     a: str
@@ -166,6 +180,35 @@ class CompareResult:
     topk_overlap: float
     kl_divergence: float
     per_row: dict[str, np.ndarray] = field(repr=False)
+    kld_mean: float | None = None
+    kld_mean_se: float | None = None
+    kld_median: float | None = None
+    kld_p99: float | None = None
+    kld_p999: float | None = None
+    kld_max: float | None = None
+    kld_min: float | None = None
+    delta_p_mean: float | None = None
+    delta_p_mean_se: float | None = None
+    delta_p_rms: float | None = None
+    delta_p_rms_se: float | None = None
+    same_top_p: float | None = None
+    same_top_p_se: float | None = None
+    ppl_a: float | None = None
+    ppl_a_se: float | None = None
+    ppl_b: float | None = None
+    ppl_b_se: float | None = None
+    ppl_cor: float | None = None
+    ln_ppl_ratio: float | None = None
+    ln_ppl_ratio_se: float | None = None
+    ppl_ratio: float | None = None
+    ppl_ratio_se: float | None = None
+    ppl_diff: float | None = None
+    ppl_diff_se: float | None = None
+
+    @property
+    def has_targets(self) -> bool:
+        """True when the comparison was given targets (the KL-divergence statistics are set)."""
+        return self.kld_mean is not None
 
     def to_dict(self, per_row: bool = False) -> dict[str, Any]:
         """JSON-ready summary (``per_row=True`` adds the per-row lists)."""
@@ -177,6 +220,8 @@ class CompareResult:
             "argmax_disagree": [int(r) for r in self.argmax_disagree],
             "topk_overlap": _num(self.topk_overlap), "kl_divergence": _num(self.kl_divergence),
         }
+        if self.has_targets:
+            d.update({name: _num(getattr(self, name)) for name in _TARGET_FIELDS})
         if per_row:
             d["per_row"] = {k: [_num(x) for x in v.tolist()] for k, v in self.per_row.items()}
         return d
@@ -199,8 +244,59 @@ class CompareResult:
         ]
         return "\n".join(lines)
 
+    def llama_table(self) -> str:
+        """The KL-divergence statistics in llama-perplexity's layout (its ``--kl-divergence``
+        summary: perplexity, KL divergence and token-probability blocks); needs ``targets``."""
+        if not self.has_targets:
+            raise Error("the llama-perplexity statistics need targets: compare(..., targets=)")
+        kl, dp = self.per_row["kl"], self.per_row["delta_p"]
+        pct = lambda v, f: _percentile(v, f)  # noqa: E731
+        out = [
+            "====== Perplexity statistics ======",
+            f"Mean PPL(Q)                   : {self.ppl_a:10.6f} ± {self.ppl_a_se:10.6f}",
+            f"Mean PPL(base)                : {self.ppl_b:10.6f} ± {self.ppl_b_se:10.6f}",
+            f"Cor(ln(PPL(Q)), ln(PPL(base))): {100 * self.ppl_cor:6.2f}%",
+            f"Mean ln(PPL(Q)/PPL(base))     : {self.ln_ppl_ratio:10.6f} ± {self.ln_ppl_ratio_se:10.6f}",
+            f"Mean PPL(Q)/PPL(base)         : {self.ppl_ratio:10.6f} ± {self.ppl_ratio_se:10.6f}",
+            f"Mean PPL(Q)-PPL(base)         : {self.ppl_diff:10.6f} ± {self.ppl_diff_se:10.6f}",
+            "",
+            "====== KL divergence statistics ======",
+            f"Mean    KLD: {self.kld_mean:10.6f} ± {self.kld_mean_se:10.6f}",
+            f"Maximum KLD: {self.kld_max:10.6f}",
+            f"99.9%   KLD: {self.kld_p999:10.6f}",
+            f"99.0%   KLD: {self.kld_p99:10.6f}",
+            f"95.0%   KLD: {pct(kl, 0.95):10.6f}",
+            f"90.0%   KLD: {pct(kl, 0.90):10.6f}",
+            f"Median  KLD: {self.kld_median:10.6f}",
+            f"10.0%   KLD: {pct(kl, 0.10):10.6f}",
+            f" 5.0%   KLD: {pct(kl, 0.05):10.6f}",
+            f" 1.0%   KLD: {pct(kl, 0.01):10.6f}",
+            f" 0.1%   KLD: {pct(kl, 0.001):10.6f}",
+            f"Minimum KLD: {self.kld_min:10.6f}",
+            "",
+            "====== Token probability statistics ======",
+            f"Mean    Δp: {100 * self.delta_p_mean:6.3f} ± {100 * self.delta_p_mean_se:5.3f} %",
+            f"Maximum Δp: {100 * float(dp.max()):6.3f}%",
+        ]
+        for label, f in (("99.9%", 0.999), ("99.0%", 0.99), ("95.0%", 0.95), ("90.0%", 0.90), ("75.0%", 0.75),
+                         ("Median", 0.5), ("25.0%", 0.25), ("10.0%", 0.10), (" 5.0%", 0.05), (" 1.0%", 0.01),
+                         (" 0.1%", 0.001)):
+            out.append(f"{label:<7} Δp: {100 * pct(dp, f):6.3f}%")
+        out += [
+            f"Minimum Δp: {100 * float(dp.min()):6.3f}%",
+            f"RMS Δp    : {100 * self.delta_p_rms:6.3f} ± {100 * self.delta_p_rms_se:5.3f} %",
+            f"Same top p: {100 * self.same_top_p:6.3f} ± {100 * self.same_top_p_se:5.3f} %",
+        ]
+        return "\n".join(out)
+
     def __str__(self) -> str:
         return self.table()
+
+
+_TARGET_FIELDS = ("kld_mean", "kld_mean_se", "kld_median", "kld_p99", "kld_p999", "kld_max", "kld_min",
+                  "delta_p_mean", "delta_p_mean_se", "delta_p_rms", "delta_p_rms_se", "same_top_p", "same_top_p_se",
+                  "ppl_a", "ppl_a_se", "ppl_b", "ppl_b_se", "ppl_cor", "ln_ppl_ratio", "ln_ppl_ratio_se",
+                  "ppl_ratio", "ppl_ratio_se", "ppl_diff", "ppl_diff_se")
 
 
 def _num(x: Any) -> Any:
@@ -215,21 +311,91 @@ def _num(x: Any) -> Any:
 # ---------------------------------------------------------------------------
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = np.max(x, axis=1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    z = x - m
-    return z - np.log(np.sum(np.exp(z), axis=1, keepdims=True))
+    """float64 log-softmax of float32 logit rows [r, V]: one [r, V] float64 result plus one
+    temporary. The statistics are float64 on purpose: a float32 logsumexp's rounding
+    (an ulp of ~10 is 1e-6 nats) is larger than the KL of an F16 head (docs/numerics.md)."""
+    z = x.astype(np.float64)
+    m = np.max(z, axis=1, keepdims=True)
+    m[~np.isfinite(m)] = 0.0
+    z -= m
+    e = np.exp(z)
+    s = np.sum(e, axis=1, keepdims=True)
+    del e
+    z -= np.log(s)
+    return z
+
+
+def _kl_rows(lp_ref: np.ndarray, p_ref: np.ndarray, lp: np.ndarray) -> np.ndarray:
+    """Per-row KL(ref || other) = sum p_ref (log p_ref - log p), float64; overwrites ``lp``.
+    Tokens with p_ref == 0 contribute nothing (even where a log-probability is -inf)."""
+    with np.errstate(invalid="ignore"):
+        np.subtract(lp_ref, lp, out=lp)
+        lp *= p_ref
+    np.copyto(lp, 0.0, where=p_ref == 0)
+    return lp.sum(axis=1)
 
 
 def _topk(x: np.ndarray, k: int) -> np.ndarray:
     if k >= x.shape[1]:
         return np.broadcast_to(np.arange(x.shape[1]), x.shape)
-    return np.argpartition(-x, k - 1, axis=1)[:, :k]
+    # a copy of the k columns, so the [r, V] index array argpartition made is freed now
+    return np.argpartition(-x, k - 1, axis=1)[:, :k].copy()
+
+
+def _percentile(values: np.ndarray, fraction: float) -> float:
+    """llama-perplexity's percentile: linear between the sorted values at fraction * (n - 1)."""
+    return float(np.percentile(values, 100.0 * fraction, method="linear"))
+
+
+def _mean_se(x: np.ndarray) -> tuple[float, float]:
+    """Mean and its standard error sqrt(var / (n - 1)) (llama's ± ; NaN for one row)."""
+    n = x.size
+    mean = float(x.mean())
+    se = float(np.sqrt(np.var(x) / (n - 1))) if n > 1 else math.nan
+    return mean, se
+
+
+def _target_stats(per_row: dict[str, np.ndarray]) -> dict[str, float]:
+    """llama-perplexity's summary (kl_divergence() in tools/perplexity/perplexity.cpp) from the
+    per-row values, with b as its base and a as Q; two-pass float64 moments."""
+    kl, dp = per_row["kl"], per_row["delta_p"]
+    nll_a, nll_b = per_row["nll_a"], per_row["nll_b"]
+    n = kl.size
+    out: dict[str, float] = {}
+    out["kld_mean"], out["kld_mean_se"] = _mean_se(kl)
+    out["kld_median"] = float(np.median(kl))
+    out["kld_p99"], out["kld_p999"] = _percentile(kl, 0.99), _percentile(kl, 0.999)
+    out["kld_max"], out["kld_min"] = float(kl.max()), float(kl.min())
+    out["delta_p_mean"], out["delta_p_mean_se"] = _mean_se(dp)
+    mse, mse_se = _mean_se(dp * dp)
+    rms = math.sqrt(mse)
+    out["delta_p_rms"] = rms
+    out["delta_p_rms_se"] = 0.5 / rms * mse_se if rms > 0 else 0.0  # d sqrt(x) = dx / (2 sqrt(x))
+    same = float(np.mean(per_row["argmax_a"] == per_row["argmax_b"]))
+    out["same_top_p"] = same
+    out["same_top_p_se"] = math.sqrt(same * (1 - same) / (n - 1)) if n > 1 else math.nan
+    mean_a, se_a = _mean_se(nll_a)
+    mean_b, se_b = _mean_se(nll_b)
+    # covariance of the two means (llama's covariance(): the sample covariance / (n - 1))
+    cov = float(np.mean((nll_a - mean_a) * (nll_b - mean_b)) / (n - 1)) if n > 1 else math.nan
+    ppl_a, ppl_b = math.exp(mean_a), math.exp(mean_b)
+    out["ppl_a"], out["ppl_a_se"] = ppl_a, ppl_a * se_a  # d exp(x) = exp(x) dx
+    out["ppl_b"], out["ppl_b_se"] = ppl_b, ppl_b * se_b
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["ppl_cor"] = float(np.float64(cov) / (se_a * se_b))
+    ln_ratio = mean_a - mean_b
+    ln_ratio_se = math.sqrt(max(se_a * se_a + se_b * se_b - 2 * cov, 0.0)) if n > 1 else math.nan
+    out["ln_ppl_ratio"], out["ln_ppl_ratio_se"] = ln_ratio, ln_ratio_se
+    out["ppl_ratio"] = math.exp(ln_ratio)
+    out["ppl_ratio_se"] = out["ppl_ratio"] * ln_ratio_se
+    out["ppl_diff"] = ppl_a - ppl_b
+    sa, sb = out["ppl_a_se"], out["ppl_b_se"]
+    out["ppl_diff_se"] = math.sqrt(max(sa * sa + sb * sb - 2 * ppl_a * ppl_b * cov, 0.0)) if n > 1 else math.nan
+    return out
 
 
 def compare(a: Source, b: Source, *, hidden: np.ndarray | str | None = None, k: int = 5,
-            chunk_rows: int | None = None) -> CompareResult:
+            chunk_rows: int | None = None, targets: np.ndarray | str | os.PathLike | None = None) -> CompareResult:
     """Compare logits source ``a`` (candidate) against ``b`` (reference), streaming in chunks.
 
     Args:
@@ -238,13 +404,20 @@ def compare(a: Source, b: Source, *, hidden: np.ndarray | str | None = None, k: 
         hidden: float32 [N, H] hidden states (or a ``.npy`` path, or an ``.npz``
             with a ``hidden`` array) for sources that compute logits.
         k: top-k size for the overlap.
-        chunk_rows: rows per chunk (default: about 4 M logits per chunk).
+        chunk_rows: rows per chunk (default: about 4 M logits per chunk). Memory is
+            O(chunk_rows * V): no [N, V] array is ever made.
+        targets: the next token of each row, int [N] in [0, V) (or a ``.npy`` path):
+            adds llama-perplexity's KL-divergence, Δp, same-top-p and perplexity
+            statistics (see :class:`CompareResult`), b as the base.
 
     Returns:
-        A :class:`CompareResult`. KL is KL(softmax(b) || softmax(a)), mean over rows.
+        A :class:`CompareResult`. KL is KL(softmax(b) || softmax(a)), mean over rows,
+        computed in float64 from the float32 logits each source gives.
 
     Raises:
         muser.Error: shapes disagree, no rows, or a source needs ``hidden`` that was not given.
+        TypeError: ``targets`` are not integers.
+        ValueError: ``targets`` have the wrong shape or an id outside [0, V).
     """
     if int(k) < 1:
         raise Error(f"k must be >= 1; got {k}")
@@ -260,10 +433,13 @@ def compare(a: Source, b: Source, *, hidden: np.ndarray | str | None = None, k: 
     n = counts.pop()
     if n == 0:
         raise Error("nothing to compare: 0 rows")
+    tgt = None if targets is None else load_targets(targets, n)
 
     vocab: int | None = None
-    pr: dict[str, list[np.ndarray]] = {key: [] for key in
-                                        ("max_abs", "mean_abs", "argmax_a", "argmax_b", "topk_overlap", "kl", "gap_b")}
+    keys = ["max_abs", "mean_abs", "argmax_a", "argmax_b", "topk_overlap", "kl", "gap_b"]
+    if tgt is not None:
+        keys += ["nll_a", "nll_b", "delta_p"]
+    pr: dict[str, list[np.ndarray]] = {key: [] for key in keys}
     sum_abs = 0.0
     n_equal = 0
     step = chunk_rows
@@ -282,27 +458,40 @@ def compare(a: Source, b: Source, *, hidden: np.ndarray | str | None = None, k: 
         if vocab is None:
             vocab = la.shape[1]
             step = step or max(1, _CHUNK_ELEMENTS // max(vocab, 1))
+            if tgt is not None:
+                check_target_range(tgt, vocab)
         elif la.shape[1] != vocab:
             raise Error(f"rows {s}:{e}: vocab changed from {vocab} to {la.shape[1]}")
-        d = np.abs(la.astype(np.float64) - lb.astype(np.float64))
+        # each [r, V] temporary is freed before the next is made (the chunk's memory bound)
+        d = np.abs(np.subtract(la, lb, dtype=np.float64))
         pr["max_abs"].append(d.max(axis=1))
         pr["mean_abs"].append(d.mean(axis=1))
         sum_abs += float(d.sum())
+        del d
         n_equal += int(np.count_nonzero(la.view(np.uint32) == lb.view(np.uint32)))
         pr["argmax_a"].append(np.argmax(la, axis=1))
         pr["argmax_b"].append(np.argmax(lb, axis=1))
         kk = min(k, vocab)
         ta, tb = _topk(la, kk), _topk(lb, kk)
         pr["topk_overlap"].append((ta[:, :, None] == tb[:, None, :]).any(axis=2).sum(axis=1) / kk)
-        lpa, lpb = _log_softmax(la), _log_softmax(lb)
-        pb = np.exp(lpb)
-        with np.errstate(invalid="ignore"):
-            pr["kl"].append(np.where(pb > 0, pb * (lpb - lpa), 0.0).sum(axis=1))
         if vocab >= 2:
             top2 = -np.partition(-lb, 1, axis=1)[:, :2]
             pr["gap_b"].append((top2[:, 0].astype(np.float64) - top2[:, 1]))
         else:
             pr["gap_b"].append(np.full(e - s, np.inf))
+        lpa = _log_softmax(la)
+        del la
+        lpb = _log_softmax(lb)
+        del lb
+        if tgt is not None:
+            rows = np.arange(e - s)
+            lta, ltb = lpa[rows, tgt[s:e]], lpb[rows, tgt[s:e]]
+            pr["nll_a"].append(-lta)
+            pr["nll_b"].append(-ltb)
+            pr["delta_p"].append(np.exp(lta) - np.exp(ltb))
+        pb = np.exp(lpb)
+        pr["kl"].append(_kl_rows(lpb, pb, lpa))
+        del lpa, lpb, pb
         s = e
 
     per_row = {key: np.concatenate(v) for key, v in pr.items()}
@@ -317,7 +506,34 @@ def compare(a: Source, b: Source, *, hidden: np.ndarray | str | None = None, k: 
         topk_overlap=float(per_row["topk_overlap"].mean()),
         kl_divergence=float(per_row["kl"].mean()),
         per_row=per_row,
+        **(_target_stats(per_row) if tgt is not None else {}),
     )
+
+
+def load_targets(targets: np.ndarray | str | os.PathLike, rows: int) -> np.ndarray:
+    """Targets (the next token of each of ``rows`` rows) as int64 [rows]: an integer array or a
+    ``.npy`` path. Raises TypeError (not integers) or ValueError (wrong shape, negative)."""
+    if isinstance(targets, (str, os.PathLike)):
+        path = os.fspath(targets)
+        try:
+            targets = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise Error(f"{path}: cannot read targets as .npy: {e}") from e
+    t = np.asarray(targets)
+    if t.dtype.kind not in "iu" or t.dtype == np.bool_:
+        raise TypeError(f"targets must be integer token ids, got dtype {t.dtype}")
+    if t.shape != (rows,):
+        raise ValueError(f"targets must have shape ({rows},) (one token per row), got {t.shape}")
+    if t.size and t.min() < 0:
+        raise ValueError(f"targets must be token ids >= 0, got {int(t.min())} at row {int(np.argmin(t))}")
+    return t.astype(np.int64)
+
+
+def check_target_range(targets: np.ndarray, vocab: int) -> None:
+    """ValueError unless every target is a token id in [0, vocab)."""
+    if targets.size and targets.max() >= vocab:
+        r = int(np.argmax(targets))
+        raise ValueError(f"targets must lie in [0, {vocab}) (the vocabulary), got {int(targets[r])} at row {r}")
 
 
 def _load_hidden(hidden: np.ndarray | str | os.PathLike | None) -> np.ndarray | None:
