@@ -8,7 +8,6 @@ import struct
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install 'muser[plot]')")
@@ -75,4 +74,3 @@ def test_bench_plot_draws_the_read_limit_and_the_peer(tmp_path):
     assert "pinned (ggml)" in seen["labels"] and "graph q8" in seen["labels"]
     assert any(label.startswith("read limit 4.0 ms (25.0 GB/s") for label in seen["labels"])
     assert png_size(tmp_path / "b.png") == _plot.BENCH_PX
-    del np
