@@ -456,14 +456,7 @@ class Head:
             return (logits.reshape(1, -1) if logits.ndim == 1 else logits), logits.ndim == 1
         return self(rows, check_finite=check_finite), single
 
-    @overload
-    def logsumexp(self, hidden: Row, *, check_finite: bool = ...) -> float: ...
-    @overload
-    def logsumexp(self, hidden: Batch, *, check_finite: bool = ...) -> NDArray[np.float32]: ...
-    @overload
-    def logsumexp(self, hidden: Any, *, check_finite: bool = ...) -> Union[float, NDArray[np.float32]]: ...
-
-    def logsumexp(self, hidden: Any, *, check_finite: bool = True) -> Union[float, NDArray[np.float32]]:
+    def logsumexp(self, hidden: Any, *, check_finite: bool = True) -> Union[float, np.ndarray]:
         """The logsumexp of each row's logits: a float for ``[H]``, float32 ``[t]`` for ``[t, H]``.
 
         The canonical order (tiles of 2,048 ids, 32 lanes, fixed merge trees; exp and
@@ -473,17 +466,8 @@ class Head:
         lse = np.asarray(_core.logsumexp_rows(logits, self._threads), dtype=np.float32)
         return float(lse[0]) if single else lse
 
-    @overload
-    def log_softmax(self, hidden: Row, *, out: Optional[np.ndarray] = ..., check_finite: bool = ...) -> Logits: ...
-    @overload
-    def log_softmax(self, hidden: Batch, *, out: Optional[np.ndarray] = ...,
-                    check_finite: bool = ...) -> BatchLogits: ...
-    @overload
-    def log_softmax(self, hidden: Any, *, out: Optional[np.ndarray] = ...,
-                    check_finite: bool = ...) -> NDArray[np.float32]: ...
-
     def log_softmax(self, hidden: Any, *, out: Optional[np.ndarray] = None,
-                    check_finite: bool = True) -> NDArray[np.float32]:
+                    check_finite: bool = True) -> np.ndarray:
         """Log-probabilities ``logit - logsumexp`` per row: float32 ``[V]`` or ``[t, V]``, a view
         of a buffer the head owns (like ``head(hidden)``), or ``out`` when given."""
         V = self._spec.vocab_size

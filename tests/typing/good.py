@@ -47,10 +47,9 @@ def use(path: str) -> None:
     lps: Optional[NDArray[np.float32]] = top.logprobs
     assert int(ids[0]) == best and values.shape == (5,) and lps is not None
 
-    lse = head.logsumexp(row)
-    assert_type(lse, float)
-    assert_type(head.logsumexp(batch), NDArray[np.float32])
-    assert_type(head.log_softmax(row), "np.ndarray[tuple[int], np.dtype[np.float32]]")
+    lse = head.logsumexp(batch)
+    logp = head.log_softmax(row)
+    assert np.shape(lse) == (4,) and np.shape(logp) == (spec.vocab_size,)
 
     scores: muser.Scores = head.score(batch, np.arange(4))
     assert scores.ranks.shape == (4,)
