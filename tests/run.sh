@@ -6,13 +6,14 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 
 # What the tests need, installed when absent (a fresh machine after `pip install .`):
-# pytest, gguf (the tests write their heads with it) and ml_dtypes from PyPI;
+# pytest, gguf (the tests write their heads with it), ml_dtypes and mypy (it
+# checks the shipped types) from PyPI;
 # GoogleTest from Debian (it is not on PyPI). llama-cpp-python and the Gemma
 # package stay optional: their parity tests skip, saying so, without them
 # (.ci/run installs them, with the portable build flags docs/parity.md explains).
-if ! python3 -c "import pytest, gguf, ml_dtypes" 2> /dev/null; then
-  echo "tests/run.sh: installing pytest, gguf and ml_dtypes (pip)"
-  python3 -m pip install -q pytest "gguf>=0.10" ml_dtypes
+if ! python3 -c "import pytest, gguf, ml_dtypes, mypy" 2> /dev/null; then
+  echo "tests/run.sh: installing pytest, gguf, ml_dtypes and mypy (pip)"
+  python3 -m pip install -q pytest "gguf>=0.10" ml_dtypes mypy
 fi
 if ! cmake --find-package -DNAME=GTest -DCOMPILER_ID=GNU -DLANGUAGE=CXX -DMODE=EXIST > /dev/null 2>&1 &&
    [ ! -e /usr/include/gtest/gtest.h ]; then

@@ -32,23 +32,30 @@ ACTS = ("f32", "q8")
 TAIL_LABELS_AFTER = "lm_head"
 
 
-def default_path(hidden: int, vocab: int, weight_type: str) -> str:
-    cache = os.environ.get("MUSER_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "muser"))
-    return os.path.join(cache, f"bench-{weight_type.lower()}-{hidden}x{vocab}.gguf")
+def default_path(hidden: int, vocab: int, weight_type: str, cache_dir: Optional[str] = None) -> str:
+    from ._cli_cache import cache_dir as _cache_dir
+
+    return os.path.join(_cache_dir(cache_dir), f"bench-{weight_type.lower()}-{hidden}x{vocab}.gguf")
 
 
-def ensure_file(path: str, hidden: int, vocab: int, weight_type: str) -> str:
+def ensure_file(path: str, hidden: int, vocab: int, weight_type: str, quiet: bool = False) -> str:
     """The benchmark head, written once (random well-formed blocks: seconds, not the quantizer's minutes)."""
     if os.path.exists(path):
         return path
     from ._cuda_bench import write_random_head  # one writer for both benches (pure Python)
+    from ._progress import Progress
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".part"
     t0 = time.perf_counter()
-    write_random_head(tmp, hidden, vocab, weight_type)
+    bar = Progress(vocab, "writing the bench head", unit="row", enabled=not quiet)
+    try:
+        write_random_head(tmp, hidden, vocab, weight_type, progress=bar.rows())
+    finally:
+        bar.close()
     os.replace(tmp, path)
-    print(f"wrote {path} ({os.path.getsize(path) / 1e6:,.1f} MB) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    print(f"wrote {path} ({os.path.getsize(path) / 1e6:,.1f} MB) in {time.perf_counter() - t0:.1f} s; "
+          f"kept for the next run (remove with: python -m muser cache --clear)", file=sys.stderr)
     return path
 
 
@@ -72,7 +79,7 @@ def time_calls(fn: Any, x: np.ndarray, reps: int, warmup: int = 1) -> list[float
 
 
 def bench_threads(path: str, threads: int, tokens: list[int], routes: list[str], acts: list[str], reps: int,
-                  with_ggml: bool, log: Any, bandwidth_bytes: int = 1 << 30) -> dict:
+                  with_ggml: bool, log: Any, bandwidth_bytes: int = 1 << 30, tick: Any = None) -> dict:
     import muser
 
     bw_before = read_bandwidth(threads, bandwidth_bytes)
@@ -94,6 +101,8 @@ def bench_threads(path: str, threads: int, tokens: list[int], routes: list[str],
                 rows.append(dict(route="pinned (ggml)", acts="ggml", t=t, seconds=ggml_s, lm_head=None, tail=None))
                 log(f"  t={t} pinned (ggml): {ggml_s * 1e3:.1f} ms")
                 del pinned
+                if tick:
+                    tick()
             except Exception as e:  # llama-cpp-python missing or its ggml unusable
                 log(f"  ggml comparator unavailable: {e}")
                 with_ggml = False
@@ -111,6 +120,8 @@ def bench_threads(path: str, threads: int, tokens: list[int], routes: list[str],
                                  nodes={p.label: p.seconds for p in prof}))
                 log(f"  t={t} {route} {a}: {secs * 1e3:.1f} ms")
                 del head
+                if tick:
+                    tick()
     bw_after = read_bandwidth(threads, bandwidth_bytes)
     for r in rows:
         ggml = next((g["seconds"] for g in rows if g["route"] == "pinned (ggml)" and g["t"] == r["t"]), None)
@@ -144,18 +155,26 @@ def format_table(res: dict) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench's options (shared by bench/cpu_head.py and ``python -m muser bench``)."""
+    from ._cli_cache import add_cache_dir_argument
+
     p.add_argument("--threads", default=None,
                    help="comma-separated thread counts, each 1 to muser.build_info()['max_threads'] "
                         "(default: 1 and every CPU this process may use)")
-    p.add_argument("--tokens", default="1,8", help="comma-separated batch sizes")
-    p.add_argument("--routes", default=",".join(ROUTES))
-    p.add_argument("--acts", default=",".join(ACTS))
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--tokens", default="1,8", help="comma-separated batch sizes t (default 1,8)")
+    p.add_argument("--routes", default=",".join(ROUTES), help=f"comma-separated routes (default {','.join(ROUTES)})")
+    p.add_argument("--acts", default=",".join(ACTS), help=f"comma-separated activation modes (default {','.join(ACTS)})")
+    p.add_argument("--reps", type=int, default=5, help="timed calls per configuration; the median is reported (default 5)")
     p.add_argument("--no-ggml", action="store_true", help="skip the pinned (ggml) comparator")
-    p.add_argument("--file", help="GGUF head to run (default: the seed's shape, written once into ~/.cache/muser)")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' for stdout)")
-    p.add_argument("--bandwidth-bytes", type=int, default=1 << 30, help="buffer the read-bandwidth probe streams")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--file", help="GGUF head to run (default: the seed's shape, written once into the cache folder)")
+    add_cache_dir_argument(p)
+    p.add_argument("--json", metavar="PATH", nargs="?", const="-",
+                   help="also write the results as JSON to PATH; '--json' alone or '--json -': JSON on stdout "
+                        "and the tables on stderr")
+    p.add_argument("--plot", metavar="PNG", help="draw time per step against t, with the read limit and ggml "
+                                                 "(needs matplotlib: pip install 'muser[plot]')")
+    p.add_argument("--bandwidth-bytes", type=int, default=1 << 30,
+                   help="buffer the read-bandwidth probe streams (default 1 GiB)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines or bars on stderr")
 
 
 def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
@@ -180,20 +199,40 @@ def run(args: argparse.Namespace) -> int:
     if any(not 1 <= n <= max_threads for n in threads):
         print(f"--threads: each count must be 1 to {max_threads} (muser's maximum); got {threads}", file=sys.stderr)
         return 2
-    path = args.file or ensure_file(default_path(**SEED_SHAPE), **SEED_SHAPE)
-    log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    if args.plot:
+        from ._plot import require_matplotlib
+
+        require_matplotlib()  # before the minutes of benching, not after
+    quiet = args.quiet
+    path = args.file or ensure_file(default_path(**SEED_SHAPE, cache_dir=args.cache_dir), **SEED_SHAPE,
+                                    quiet=quiet)
     import muser
+    from ._progress import Progress
+
+    per_run = len(tokens) * (len(routes) * len(acts) + (0 if args.no_ggml else 1))
+    bar = Progress(per_run * len(threads), "bench", enabled=not quiet)
+    log = (lambda s: None) if quiet else bar.write
+    tables = sys.stderr if args.json == "-" else sys.stdout  # JSON on stdout: keep it parseable
 
     results = dict(file=path, cpus=cpus, cpu_isa=muser.build_info()["cpu_isa_active"], runs=[])
-    for n in threads:
-        res = bench_threads(path, n, tokens, routes, acts, args.reps, not args.no_ggml, log, args.bandwidth_bytes)
-        results["runs"].append(res)
-        print(format_table(res), flush=True)
-        print(flush=True)
+    try:
+        for n in threads:
+            res = bench_threads(path, n, tokens, routes, acts, args.reps, not args.no_ggml, log,
+                                args.bandwidth_bytes, tick=bar.step)
+            results["runs"].append(res)
+            print(format_table(res), file=tables, flush=True)
+            print(file=tables, flush=True)
+    finally:
+        bar.close()
     if args.json:
         from ._bench_util import write_json
 
         write_json(results, args.json, indent=1)
+    if args.plot:
+        from ._plot import bench_plot
+
+        bench_plot(results, args.plot)
+        print(f"wrote {os.path.abspath(args.plot)}", file=sys.stderr)
     return 0
 
 

@@ -29,6 +29,10 @@ def run(args: argparse.Namespace) -> int:
 
         return _bench_cpu.run(args)
     if caps["dlpack_device"] == 2:  # device memory of its own, reached through CUDA: the GPU bench
+        if args.plot:
+            print("python -m muser bench: --plot draws the CPU bench; the CUDA bench has no picture yet "
+                  "(--json out.json holds its numbers)", file=sys.stderr)
+            return 2
         try:
             cuda_bench = importlib.import_module("muser._cuda_bench")
         except ImportError as e:

@@ -35,7 +35,8 @@ import numpy as np
 SEED_SHAPE = dict(hidden=6656, vocab=202048, weight_type="Q5_K")  # the seed's head, 924,571,648 bytes
 
 
-def write_random_head(path: str, hidden: int, vocab: int, weight_type: str, seed: int = 0) -> str:
+def write_random_head(path: str, hidden: int, vocab: int, weight_type: str, seed: int = 0,
+                      progress: Any = None) -> str:
     """A Muse Glimmer-style head with random well-formed blocks (fast: no quantization).
 
     Random quants and small f16 scales are fine for timing (never zeros, which
@@ -44,7 +45,7 @@ def write_random_head(path: str, hidden: int, vocab: int, weight_type: str, seed
     from .fixtures import write_head_gguf
 
     return write_head_gguf(path, hidden=hidden, vocab=vocab, weight_type=weight_type, seed=seed,
-                           random_quants=True)
+                           random_quants=True, progress=progress)
 
 
 def _median(xs: list[float]) -> float:

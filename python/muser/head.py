@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union, overload
 
 import numpy as np
 
 from . import _core, _device
+
+if TYPE_CHECKING:  # the shapes the overloads tell apart (numpy >= 2 types an array's shape)
+    from typing import Literal
+
+    from numpy.typing import NDArray
+
+    from ._device import DeviceArray
+
+    Row = np.ndarray[tuple[int], np.dtype[Any]]  # one hidden state [H]
+    Batch = np.ndarray[tuple[int, int], np.dtype[Any]]  # a batch [t, H]
+    Logits = np.ndarray[tuple[int], np.dtype[np.float32]]  # [V]
+    BatchLogits = np.ndarray[tuple[int, int], np.dtype[np.float32]]  # [t, V]
 
 ROUTES = ("reference", "fused", "graph", "canonical", "pinned")
 PathLike = Union[str, "os.PathLike[str]"]
@@ -115,9 +127,9 @@ class Scores(NamedTuple):
 class TopK(NamedTuple):
     """What :meth:`Head.topk` returns, in torch's order: ``[k]`` or ``[t, k]`` each, best first."""
 
-    values: Any    # float32: the capped logits
-    indices: Any   # int64 token ids (ties: the lower id first)
-    logprobs: Any  # float32 log-probabilities of the same tokens, or None unless asked
+    values: "NDArray[np.float32]"              # the capped logits
+    indices: "NDArray[np.int64]"               # token ids (ties: the lower id first)
+    logprobs: "Optional[NDArray[np.float32]]"  # log-probabilities of the same tokens, or None unless asked
 
 
 class Head:
@@ -313,6 +325,19 @@ class Head:
             arr = np.array(arr, order="C")  # a fresh array: contiguous and aligned
         return arr, single
 
+    @overload
+    def __call__(self, hidden: Row, *, out: Optional[np.ndarray] = ..., check_finite: bool = ...,
+                 on_device: Literal[False] = ...) -> Logits: ...
+    @overload
+    def __call__(self, hidden: Batch, *, out: Optional[np.ndarray] = ..., check_finite: bool = ...,
+                 on_device: Literal[False] = ...) -> BatchLogits: ...
+    @overload
+    def __call__(self, hidden: Any, *, out: None = ..., check_finite: bool = ...,
+                 on_device: Literal[True]) -> DeviceArray: ...
+    @overload
+    def __call__(self, hidden: Any, *, out: Optional[np.ndarray] = ..., check_finite: bool = ...,
+                 on_device: bool = ...) -> Union[NDArray[np.float32], DeviceArray]: ...
+
     def __call__(self, hidden: Any, *, out: Optional[np.ndarray] = None, check_finite: bool = True,
                  on_device: bool = False) -> Any:
         """Logits for one hidden state ``[H]`` (→ ``[V]``) or a batch ``[t, H]`` (→ ``[t, V]``).
@@ -363,7 +388,14 @@ class Head:
         if not out.flags.writeable:
             raise ValueError("out must be writable; got a read-only array (out.flags.writeable is False)")
 
-    def argmax(self, hidden: Any, *, check_finite: bool = True) -> Union[int, np.ndarray]:
+    @overload
+    def argmax(self, hidden: Row, *, check_finite: bool = ...) -> int: ...
+    @overload
+    def argmax(self, hidden: Batch, *, check_finite: bool = ...) -> NDArray[np.int64]: ...
+    @overload
+    def argmax(self, hidden: Any, *, check_finite: bool = ...) -> Union[int, NDArray[np.int64]]: ...
+
+    def argmax(self, hidden: Any, *, check_finite: bool = True) -> Union[int, NDArray[np.int64]]:
         """Index of the largest logit (an int for ``[H]``, int64 ``[t]`` for ``[t, H]``).
 
         Ties go to the lowest token id; NaN never wins. The soft cap is strictly
@@ -375,9 +407,17 @@ class Head:
         ids = np.asarray(_core.argmax_rows(self(rows, check_finite=check_finite)), dtype=np.int64)
         return int(ids[0]) if single else ids
 
+    @overload
+    def topk(self, hidden: Row, k: int, *, logprobs: bool = ..., check_finite: bool = ...) -> TopK: ...
+    @overload
+    def topk(self, hidden: Batch, k: int, *, logprobs: bool = ..., check_finite: bool = ...) -> TopK: ...
+    @overload
+    def topk(self, hidden: Any, k: int, *, logprobs: bool = ..., check_finite: bool = ...) -> TopK: ...
+
     def topk(self, hidden: Any, k: int, *, logprobs: bool = False, check_finite: bool = True) -> TopK:
         """The k best tokens: ``TopK(values, indices, logprobs)`` (torch's order), each ``[k]``
-        or ``[t, k]``, best first. Ties go to the lowest token id.
+        for one row ``[H]`` or ``[t, k]`` for a batch ``[t, H]``, best first. Ties go to the
+        lowest token id.
 
         ``logprobs=True`` also gives their log-probabilities (``value - logsumexp`` of the
         row, the logsumexp of :meth:`logsumexp`); otherwise ``logprobs`` is None.

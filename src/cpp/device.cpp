@@ -78,6 +78,13 @@ void Device::score(const float* hidden, bool hidden_resident, int t, const Vocab
   }
 }
 
+std::shared_ptr<ResidentBuffer> Device::run_resident_log_softmax(const float* hidden, bool hidden_resident, int t) {
+  auto logits = run_resident(hidden, hidden_resident, t, nullptr);
+  std::vector<float> lse((size_t)t);
+  log_softmax(static_cast<float*>(logits->ptr), t, lse.data());
+  return logits;
+}
+
 void Device::log_softmax(float* logits, int t, float* lse) {
   cpu::logsumexp_rows(logits, t, spec_.vocab, cpu::default_threads(), lse);
   cpu::log_softmax_rows(logits, t, spec_.vocab, lse, cpu::default_threads());

@@ -276,6 +276,16 @@ class CudaDevice final : public Device {
 
   std::shared_ptr<ResidentBuffer> run_resident(const float* hidden, bool hidden_on_device, int t,
                                                std::vector<NodeTiming>* timings) override {
+    return run_route(hidden, hidden_on_device, t, timings, false);
+  }
+
+  // The route and the log-softmax kernels in one graph.
+  std::shared_ptr<ResidentBuffer> run_resident_log_softmax(const float* hidden, bool hidden_on_device, int t) override {
+    return run_route(hidden, hidden_on_device, t, nullptr, true);
+  }
+
+  std::shared_ptr<ResidentBuffer> run_route(const float* hidden, bool hidden_on_device, int t,
+                                            std::vector<NodeTiming>* timings, bool log_softmax) {
     if (t < 1) throw ArgValueError("t must be >= 1");
     DeviceScope scope(ordinal_);
     const int64_t H = spec_.hidden, V = spec_.vocab;
@@ -299,13 +309,14 @@ class CudaDevice final : public Device {
       // and replayed: the GPU gets every node at once (no launch gaps between
       // them) and the host pays one launch. Each pooled logits buffer has its
       // own graph, so alternating buffers costs no graph update.
-      cudaGraphExec_t exec = route_graph(slot->graph, x, normed, logits, t);
+      cudaGraphExec_t exec = route_graph(slot->graph, x, normed, logits, t, log_softmax);
       check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch (route)");
       check(cudaStreamSynchronize(stream_), "the route's kernels (synchronize)");
       last_graph_ = exec;
     } else if (!timings) {
       // every pooled buffer is held: a one-off buffer, its steps launched directly
       for (const Step& st : steps_) enqueue(st, x, normed, logits, t);
+      if (log_softmax) enqueue_log_softmax(logits, t);
       check(cudaStreamSynchronize(stream_), "the route's kernels (synchronize)");
     } else {
       // Profile: the nodes, each between two event records, are captured into a
@@ -313,7 +324,7 @@ class CudaDevice final : public Device {
       // no node's time includes the host's launch latency (which it would when
       // the GPU waits for the next launch: small nodes would look slow).
       ensure_events(steps_.size());
-      cudaGraphExec_t exec = capture(x, normed, logits, t, true);
+      cudaGraphExec_t exec = capture(x, normed, logits, t, true, false);
       const cudaError_t launched = cudaGraphLaunch(exec, stream_);
       const cudaError_t synced = cudaStreamSynchronize(stream_);
       cudaGraphExecDestroy(exec);
@@ -376,111 +387,146 @@ class CudaDevice final : public Device {
   // chunk the matvec of its rows into a scratch of at most kVocabScratchBytes,
   // the element-wise nodes, the tiles' (max, sum) pairs and the rank counts.
   // The chosen ids' logits come first, from a copy of their rows alone (a
-  // row's result does not depend on its neighbours: docs/numerics.md).
+  // row's result does not depend on its neighbours: docs/numerics.md). The
+  // kernels run as one CUDA graph per shape (t, m, the distinct ids rounded up
+  // to a power of two, the buffers); the ids go up and the results come down
+  // through pinned memory, so a call is one upload, one launch, one download.
   void score(const float* hidden, bool hidden_on_device, int t, const VocabScores& out) override {
     if (t < 1) throw ArgValueError("t must be >= 1");
     DeviceScope scope(ordinal_);
-    const int64_t H = spec_.hidden, V = spec_.vocab, m = out.m;
+    const int64_t H = spec_.hidden, m = out.m, n_ids = (int64_t)t * m;
     const size_t xbytes = (size_t)t * H * sizeof(float);
     const float* x = hidden;
-    if (!hidden_on_device) {
-      float* dst = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
-      check(cudaMemcpyAsync(dst, hidden, xbytes, cudaMemcpyHostToDevice, stream_), "upload of the hidden states");
-      x = dst;
+    if (!hidden_on_device) x = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
+    normed_.ensure(xbytes, ordinal_, "normed hidden states");
+    if (q8_) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
+
+    // distinct ids, padded to a power of two (repeating the first) so the graph's shape repeats
+    std::vector<int64_t> uniq(out.ids, out.ids + n_ids);
+    std::sort(uniq.begin(), uniq.end());
+    uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
+    const int64_t distinct = (int64_t)uniq.size();
+    int64_t U = distinct ? 1 : 0;
+    while (U < distinct) U *= 2;
+    uniq.resize((size_t)U, distinct ? uniq[0] : 0);
+    // pinned in: ids [t*m] | uniq [U] (int64) | slot [t*m] (int32); out: lse [t] | values [t*m] | (8-aligned) ahead [t*m]
+    const size_t id_bytes = (size_t)(n_ids + U) * 8, in_bytes = id_bytes + (size_t)n_ids * 4;
+    const size_t values_at = (size_t)t * 4, ahead_at = (values_at + (size_t)n_ids * 4 + 7) / 8 * 8;
+    const size_t out_bytes = ahead_at + (size_t)n_ids * 8;
+    auto* in_host = static_cast<uint8_t*>(score_in_host_.ensure(in_bytes));
+    auto* out_host = static_cast<uint8_t*>(score_out_host_.ensure(out_bytes));
+    std::memcpy(in_host, out.ids, (size_t)n_ids * 8);
+    std::memcpy(in_host + n_ids * 8, uniq.data(), (size_t)U * 8);
+    auto* slot = reinterpret_cast<int32_t*>(in_host + id_bytes);
+    for (int64_t i = 0; i < n_ids; ++i)
+      slot[i] = (int32_t)(std::lower_bound(uniq.begin(), uniq.begin() + distinct, out.ids[i]) - uniq.begin());
+    auto* in_dev = static_cast<uint8_t*>(score_ids_.ensure(in_bytes, ordinal_, "chosen token ids"));
+    auto* out_dev = static_cast<uint8_t*>(score_out_.ensure(out_bytes, ordinal_, "scores"));
+    if (U > 0) {
+      score_mini_.ensure(device_weight_bytes(out_.type, U, out_.row_bytes), ordinal_, "the chosen ids' weight rows");
+      score_small_.ensure((size_t)t * U * 4, ordinal_, "the chosen ids' logits");
     }
-    float* normed = static_cast<float*>(normed_.ensure(xbytes, ordinal_, "normed hidden states"));
+    const int64_t V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
+    const int64_t budget_rows = (int64_t)(kVocabScratchBytes / (sizeof(float) * (size_t)t)) / kLseTile * kLseTile;
+    const int64_t chunk = std::min<int64_t>(std::max<int64_t>(budget_rows, kLseTile), tiles * kLseTile);
+    score_chunk_.ensure((size_t)t * std::min(chunk, V) * 4, ordinal_, "a chunk of logits");
+    score_pairs_.ensure((size_t)t * tiles * lse_pair_bytes(), ordinal_, "logsumexp tile pairs");
+
+    if (!hidden_on_device)
+      check(cudaMemcpyAsync(const_cast<float*>(x), hidden, xbytes, cudaMemcpyHostToDevice, stream_),
+            "upload of the hidden states");
+    check(cudaMemcpyAsync(in_dev, in_host, in_bytes, cudaMemcpyHostToDevice, stream_), "upload of token ids");
+    const ScoreKey key{t, (int)m, U, x, in_dev, out_dev, score_mini_.mem ? score_mini_.mem->ptr : nullptr,
+                       score_small_.mem ? score_small_.mem->ptr : nullptr, score_chunk_.mem->ptr,
+                       score_pairs_.mem->ptr, q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr, out_host};
+    if (!score_graph_.exec || !(score_graph_.key == key)) {
+      score_graph_.reset();
+      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture (score)");
+      cudaGraph_t graph = nullptr;
+      try {
+        enqueue_score(x, t, m, U, chunk, in_dev, out_dev, out_host, out_bytes);
+      } catch (...) {
+        (void)cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+        throw;
+      }
+      check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture (score)");
+      const cudaError_t inst = cudaGraphInstantiate(&score_graph_.exec, graph, 0);
+      cudaGraphDestroy(graph);
+      check(inst, "cudaGraphInstantiate (score)");
+      score_graph_.key = key;
+    }
+    check(cudaGraphLaunch(score_graph_.exec, stream_), "cudaGraphLaunch (score)");
+    check(cudaStreamSynchronize(stream_), "score (synchronize)");
+    std::memcpy(out.lse, out_host, (size_t)t * 4);
+    std::memcpy(out.values, out_host + values_at, (size_t)n_ids * 4);
+    const auto* ahead = reinterpret_cast<const unsigned long long*>(out_host + ahead_at);
+    for (int64_t i = 0; i < n_ids; ++i) out.ranks[i] = 1 + (int64_t)ahead[i];
+  }
+
+  // score()'s kernels on the stream (captured into its graph).
+  void enqueue_score(const float* x, int t, int64_t m, int64_t U, int64_t chunk, const uint8_t* in_dev,
+                     uint8_t* out_dev, uint8_t* out_host, size_t out_bytes) {
+    const int64_t H = spec_.hidden, V = spec_.vocab, n_ids = (int64_t)t * m;
+    float* normed = static_cast<float*>(normed_.mem->ptr);
     size_t mv = 0;
     while (mv < nodes_.size() && !is_matvec(nodes_[mv].kind)) ++mv;
     for (const Step& st : steps_)
       if (st.first < mv) enqueue(st, x, normed, nullptr, t);
     const NodeKind kind = nodes_[mv].kind;
     Q8Args q = q8_args(t, nullptr);
-    if (is_q8(kind)) {
-      acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
-      quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
-    }
+    if (is_q8(kind)) quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
     auto finish = [&](float* y, int64_t count) {
       for (size_t i = mv + 1; i < nodes_.size(); ++i) enqueue_epilogue(nodes_[i], y, count);
     };
     const auto* w = static_cast<const uint8_t*>(weight_->ptr);
-
-    // the chosen ids: each distinct id's row once (its logits for every token), then gathered
-    const int64_t n_ids = (int64_t)t * m;
-    std::vector<int64_t> uniq(out.ids, out.ids + n_ids);
-    std::sort(uniq.begin(), uniq.end());
-    uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
-    const int64_t U = (int64_t)uniq.size();
-    unsigned long long* ahead = nullptr;
-    float* values = nullptr;
-    const int64_t* ids_dev = nullptr;
+    const auto* ids = reinterpret_cast<const int64_t*>(in_dev);
+    float* lse = reinterpret_cast<float*>(out_dev);
+    float* values = reinterpret_cast<float*>(out_dev + (size_t)t * 4);
+    auto* ahead = reinterpret_cast<unsigned long long*>(out_dev + ((size_t)t * 4 + (size_t)n_ids * 4 + 7) / 8 * 8);
     if (U > 0) {
-      // one upload: ids [t*m] | uniq [U] (int64), slots [t*m] (int32)
-      std::vector<int32_t> slot((size_t)n_ids);
-      for (int64_t i = 0; i < n_ids; ++i)
-        slot[(size_t)i] = (int32_t)(std::lower_bound(uniq.begin(), uniq.end(), out.ids[i]) - uniq.begin());
-      const size_t id_bytes = (size_t)(n_ids + U) * 8, slot_bytes = (size_t)n_ids * 4;
-      std::vector<uint8_t> host(id_bytes + slot_bytes);
-      std::memcpy(host.data(), out.ids, (size_t)n_ids * 8);
-      std::memcpy(host.data() + n_ids * 8, uniq.data(), (size_t)U * 8);
-      std::memcpy(host.data() + id_bytes, slot.data(), slot_bytes);
-      auto* dev = static_cast<uint8_t*>(score_ids_.ensure(host.size(), ordinal_, "chosen token ids"));
-      check(cudaMemcpyAsync(dev, host.data(), host.size(), cudaMemcpyHostToDevice, stream_), "upload of token ids");
-      // (pageable memory: the copy has taken the bytes when the call returns)
-      ids_dev = reinterpret_cast<const int64_t*>(dev);
-      const size_t mini_bytes = device_weight_bytes(out_.type, U, out_.row_bytes);
-      auto* mini = static_cast<uint8_t*>(score_mini_.ensure(mini_bytes, ordinal_, "the chosen ids' weight rows"));
-      gather_rows(w, out_.type, out_.row_bytes, ids_dev + n_ids, U, mini, stream_);
-      // mini_logits [t x U] | values [t*m] | (8-byte aligned) ahead [t*m]
-      const size_t values_at = (size_t)t * U * 4, ahead_at = (values_at + (size_t)n_ids * 4 + 7) / 8 * 8;
-      auto* small = static_cast<uint8_t*>(
-          score_small_.ensure(ahead_at + (size_t)n_ids * 8, ordinal_, "the chosen ids' logits"));
-      auto* mini_logits = reinterpret_cast<float*>(small);
-      values = reinterpret_cast<float*>(small + values_at);
-      ahead = reinterpret_cast<unsigned long long*>(small + ahead_at);
+      auto* mini = static_cast<uint8_t*>(score_mini_.mem->ptr);
+      auto* mini_logits = static_cast<float*>(score_small_.mem->ptr);
+      gather_rows(w, out_.type, out_.row_bytes, ids + n_ids, U, mini, stream_);
       enqueue_matvec_rows(kind, mini, U, normed, q, t, mini_logits, U);
       finish(mini_logits, (int64_t)t * U);
-      gather_values(mini_logits, reinterpret_cast<const int*>(dev + id_bytes), t, (int)m, U, values, ahead, stream_);
+      gather_values(mini_logits, reinterpret_cast<const int*>(in_dev + (size_t)(n_ids + U) * 8), t, (int)m, U, values,
+                    ahead, stream_);
     }
-
-    // the vocabulary in chunks of whole tiles
     const int64_t tiles = (V + kLseTile - 1) / kLseTile;
-    const int64_t budget_rows = (int64_t)(kVocabScratchBytes / (sizeof(float) * (size_t)t)) / kLseTile * kLseTile;
-    const int64_t chunk = std::min<int64_t>(std::max<int64_t>(budget_rows, kLseTile), tiles * kLseTile);
-    auto* y = static_cast<float*>(score_chunk_.ensure((size_t)t * std::min(chunk, V) * 4, ordinal_, "a chunk of logits"));
-    void* pairs = score_pairs_.ensure((size_t)t * tiles * lse_pair_bytes(), ordinal_, "logsumexp tile pairs");
-    float* lse = static_cast<float*>(score_lse_.ensure((size_t)t * 4, ordinal_, "logsumexps"));
+    auto* y = static_cast<float*>(score_chunk_.mem->ptr);
+    void* pairs = score_pairs_.mem->ptr;
     for (int64_t r0 = 0; r0 < V; r0 += chunk) {
       const int64_t n = std::min(chunk, V - r0);
       // r0 is a multiple of kTileRows, so the chunk starts a row tile: in the tiled
       // layout too its rows begin r0 * row_bytes in (device_layout.h)
-      const int64_t offset = r0 * out_.row_bytes;
-      enqueue_matvec_rows(kind, w + offset, n, normed, q, t, y, n);
+      enqueue_matvec_rows(kind, w + r0 * out_.row_bytes, n, normed, q, t, y, n);
       finish(y, (int64_t)t * n);
       lse_tiles(y, n, n, t, r0 / kLseTile, tiles, pairs, stream_);
-      if (U > 0) rank_count(y, n, n, t, r0, ids_dev, values, (int)m, ahead, stream_);
+      if (U > 0) rank_count(y, n, n, t, r0, ids, values, (int)m, ahead, stream_);
     }
     lse_finish(pairs, tiles, t, lse, stream_);
-    check(cudaMemcpyAsync(out.lse, lse, (size_t)t * 4, cudaMemcpyDeviceToHost, stream_), "download of logsumexps");
-    std::vector<unsigned long long> counts((size_t)n_ids);
-    if (U > 0) {
-      check(cudaMemcpyAsync(out.values, values, (size_t)n_ids * 4, cudaMemcpyDeviceToHost, stream_), "download of logits");
-      check(cudaMemcpyAsync(counts.data(), ahead, (size_t)n_ids * 8, cudaMemcpyDeviceToHost, stream_),
-            "download of ranks");
-    }
-    check(cudaStreamSynchronize(stream_), "score (synchronize)");
-    for (int64_t i = 0; i < n_ids; ++i) out.ranks[i] = 1 + (int64_t)counts[(size_t)i];
+    check(cudaMemcpyAsync(out_host, out_dev, out_bytes, cudaMemcpyDeviceToHost, stream_), "download of scores");
   }
 
   void log_softmax(float* logits, int t, float* lse_host) override {
     DeviceScope scope(ordinal_);
+    const float* lse = enqueue_log_softmax(logits, t);
+    check(cudaMemcpyAsync(lse_host, lse, (size_t)t * 4, cudaMemcpyDeviceToHost, stream_), "download of logsumexps");
+    check(cudaStreamSynchronize(stream_), "log_softmax (synchronize)");
+  }
+
+  // logits [t x V] -= their rows' logsumexps, in place; returns the device logsumexps
+  // (buffers sized for t at the first call of a shape: fixed addresses for graph capture)
+  const float* enqueue_log_softmax(float* logits, int t) {
     const int64_t V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
-    void* pairs = score_pairs_.ensure((size_t)t * tiles * lse_pair_bytes(), ordinal_, "logsumexp tile pairs");
-    float* lse = static_cast<float*>(score_lse_.ensure((size_t)t * 4, ordinal_, "logsumexps"));
+    void* pairs = lsm_pairs_.ensure((size_t)t * tiles * lse_pair_bytes(), ordinal_, "logsumexp tile pairs");
+    float* lse = static_cast<float*>(lsm_lse_.ensure((size_t)t * 4, ordinal_, "logsumexps"));
     lse_tiles(logits, V, V, t, 0, tiles, pairs, stream_);
     lse_finish(pairs, tiles, t, lse, stream_);
     subtract_rows(logits, V, t, lse, stream_);
-    check(cudaMemcpyAsync(lse_host, lse, (size_t)t * 4, cudaMemcpyDeviceToHost, stream_), "download of logsumexps");
-    check(cudaStreamSynchronize(stream_), "log_softmax (synchronize)");
+    return lse;
   }
 
   int64_t find_nonfinite(const float* x, int64_t n) override {
@@ -503,9 +549,12 @@ class CudaDevice final : public Device {
   // What a captured graph depends on besides the prepared steps (fixed for the device's life).
   struct RouteKey {
     int t = 0;
-    const void *x = nullptr, *normed = nullptr, *logits = nullptr, *acts_q8 = nullptr;
+    const void *x = nullptr, *normed = nullptr, *logits = nullptr, *acts_q8 = nullptr, *lsm = nullptr,
+               *lsm_lse = nullptr;
+    bool log_softmax = false;
     bool operator==(const RouteKey& o) const {
-      return t == o.t && x == o.x && normed == o.normed && logits == o.logits && acts_q8 == o.acts_q8;
+      return t == o.t && x == o.x && normed == o.normed && logits == o.logits && acts_q8 == o.acts_q8 &&
+             lsm == o.lsm && lsm_lse == o.lsm_lse && log_softmax == o.log_softmax;
     }
   };
   struct RouteGraph {
@@ -520,6 +569,51 @@ class CudaDevice final : public Device {
     RouteGraph& operator=(const RouteGraph&) = delete;
     ~RouteGraph() { reset(); }
   };
+  // What score()'s captured graph bakes in.
+  struct ScoreKey {
+    int t = 0, m = 0;
+    int64_t U = 0;
+    const void *x, *in, *out, *mini, *small, *chunk, *pairs, *acts_q8, *normed, *out_host;
+    bool operator==(const ScoreKey& o) const {
+      return t == o.t && m == o.m && U == o.U && x == o.x && in == o.in && out == o.out && mini == o.mini &&
+             small == o.small && chunk == o.chunk && pairs == o.pairs && acts_q8 == o.acts_q8 && normed == o.normed &&
+             out_host == o.out_host;
+    }
+  };
+  struct ScoreGraph {
+    ScoreKey key{};
+    cudaGraphExec_t exec = nullptr;
+    void reset() {
+      if (exec) cudaGraphExecDestroy(exec);
+      exec = nullptr;
+    }
+    ScoreGraph() = default;
+    ScoreGraph(const ScoreGraph&) = delete;
+    ScoreGraph& operator=(const ScoreGraph&) = delete;
+    ~ScoreGraph() { reset(); }
+  };
+  // Pinned host memory that grows (never shrinks): the small transfers of score().
+  struct PinnedScratch {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+    void* ensure(size_t n) {
+      if (n <= bytes && ptr) return ptr;
+      if (ptr) (void)cudaFreeHost(ptr);
+      ptr = nullptr;
+      bytes = 0;
+      check(cudaHostAlloc(&ptr, std::max<size_t>(n, 64), cudaHostAllocPortable), "cudaHostAlloc (score staging)");
+      bytes = std::max<size_t>(n, 64);
+      return ptr;
+    }
+    PinnedScratch() = default;
+    PinnedScratch(const PinnedScratch&) = delete;
+    PinnedScratch& operator=(const PinnedScratch&) = delete;
+    ~PinnedScratch() {
+      if (ptr) (void)cudaFreeHost(ptr);
+      (void)cudaGetLastError();
+    }
+  };
+
   // A pooled device logits buffer and the route graph that writes it.
   struct LogitsSlot {
     std::shared_ptr<DeviceMemory> mem;
@@ -630,8 +724,8 @@ class CudaDevice final : public Device {
   // The nodes captured into an executable graph (with event records around
   // each node when `events`). Launch configurations are fixed at capture, so
   // a graph is valid for the buffers and t it was captured with.
-  cudaGraphExec_t capture(const float* x, float* normed, float* logits, int t, bool events) {
-    cudaGraph_t graph = capture_graph(x, normed, logits, t, events);
+  cudaGraphExec_t capture(const float* x, float* normed, float* logits, int t, bool events, bool log_softmax) {
+    cudaGraph_t graph = capture_graph(x, normed, logits, t, events, log_softmax);
     cudaGraphExec_t exec = nullptr;
     const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -639,7 +733,7 @@ class CudaDevice final : public Device {
     return exec;
   }
 
-  cudaGraph_t capture_graph(const float* x, float* normed, float* logits, int t, bool events) {
+  cudaGraph_t capture_graph(const float* x, float* normed, float* logits, int t, bool events, bool log_softmax) {
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
     cudaGraph_t graph = nullptr;
     try {
@@ -648,6 +742,7 @@ class CudaDevice final : public Device {
         enqueue(steps_[i], x, normed, logits, t);
         if (events) check(cudaEventRecordWithFlags(events_[i].second, stream_, cudaEventRecordExternal), "cudaEventRecord");
       }
+      if (log_softmax) enqueue_log_softmax(logits, t);
     } catch (...) {
       (void)cudaStreamEndCapture(stream_, &graph);
       if (graph) cudaGraphDestroy(graph);
@@ -663,10 +758,17 @@ class CudaDevice final : public Device {
   // route is captured again and the executable graph updated in place --
   // cheaper than a new instantiation -- or, when the update is refused,
   // instantiated anew.
-  cudaGraphExec_t route_graph(RouteGraph& g, const float* x, float* normed, float* logits, int t) {
-    const RouteKey key{t, x, normed, logits, q8_ ? acts_q8_.mem->ptr : nullptr};
+  cudaGraphExec_t route_graph(RouteGraph& g, const float* x, float* normed, float* logits, int t, bool log_softmax) {
+    if (log_softmax) {  // the buffers the capture bakes in, sized before the key is taken
+      lsm_pairs_.ensure((size_t)t * ((spec_.vocab + kLseTile - 1) / kLseTile) * lse_pair_bytes(), ordinal_,
+                        "logsumexp tile pairs");
+      lsm_lse_.ensure((size_t)t * 4, ordinal_, "logsumexps");
+    }
+    const RouteKey key{t, x, normed, logits, q8_ ? acts_q8_.mem->ptr : nullptr,
+                       log_softmax ? lsm_pairs_.mem->ptr : nullptr, log_softmax ? lsm_lse_.mem->ptr : nullptr,
+                       log_softmax};
     if (g.exec && g.key == key) return g.exec;
-    cudaGraph_t graph = capture_graph(x, normed, logits, t, false);
+    cudaGraph_t graph = capture_graph(x, normed, logits, t, false, log_softmax);
     if (g.exec) {
       cudaGraphExecUpdateResultInfo info{};
       const cudaError_t updated = cudaGraphExecUpdate(g.exec, graph, &info);
@@ -737,7 +839,10 @@ class CudaDevice final : public Device {
   bool q8_ = false;  // the route's matvec quantizes the activations
   std::unique_ptr<DeviceMemory> weight_, gamma_;
   Scratch hidden_, normed_, topk_scratch_, topk_out_, flag_, acts_q8_;
-  Scratch score_ids_, score_mini_, score_small_, score_chunk_, score_pairs_, score_lse_;  // score()
+  Scratch score_ids_, score_out_, score_mini_, score_small_, score_chunk_, score_pairs_;  // score()
+  PinnedScratch score_in_host_, score_out_host_;
+  ScoreGraph score_graph_;
+  Scratch lsm_pairs_, lsm_lse_;  // log_softmax()
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
 };
 

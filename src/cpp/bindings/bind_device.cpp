@@ -128,11 +128,8 @@ void bind_device(nb::module_& m) {
       nb::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(h->mutex());
       const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite);
-      logits = dev.run_resident(in.ptr, in.resident, (int)t, profile ? &timings : nullptr);
-      if (log_softmax) {
-        std::vector<float> lse((size_t)t);
-        dev.log_softmax(static_cast<float*>(logits->ptr), (int)t, lse.data());
-      }
+      if (log_softmax && !profile) logits = dev.run_resident_log_softmax(in.ptr, in.resident, (int)t);
+      else logits = dev.run_resident(in.ptr, in.resident, (int)t, profile ? &timings : nullptr);
     }
     struct Owner {
       std::shared_ptr<ResidentBuffer> mem;

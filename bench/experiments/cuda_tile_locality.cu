@@ -4,7 +4,7 @@
 // 4,576 bytes apart) and in row tiles (the same 2,816 bytes as one run, the
 // next unit right after), next to a plain contiguous read of the same bytes.
 //
-//   nvcc -O3 -arch=sm_90 -o /tmp/tile_locality bench/cuda_tile_locality.cu && /tmp/tile_locality
+//   nvcc -O3 -arch=sm_90 -o /tmp/tile_locality bench/experiments/cuda_tile_locality.cu && /tmp/tile_locality
 //
 // H200 (docs/performance.md): read limit 207.8 us; rows 258.0 us (S = 4),
 // 259.7 (S = 2); tiled 208.2 (S = 4), 211.6 (S = 2) -- the same at any

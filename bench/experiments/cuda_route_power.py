@@ -1,7 +1,7 @@
 """What the board does while muser's CUDA route runs: SM clock, power, and
 whether the power cap is engaged, next to the read kernel doing the same.
 
-    python bench/cuda_route_power.py [--file head.gguf] [--route fused] [--acts q8] [--tokens 1] [--seconds 2.5]
+    python bench/experiments/cuda_route_power.py [--file head.gguf] [--route fused] [--acts q8] [--tokens 1] [--seconds 2.5]
 
 Runs the read-limit kernel, then the head's route (as a call launches it,
 ``muser._cuda.route_seconds``), each in a loop for ``--seconds`` while

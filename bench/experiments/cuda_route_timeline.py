@@ -5,7 +5,7 @@ the soft-cap tail after the matvec are visible (no nsys on the device
 machine). Three calls of the seed head (random Q5_K 202,048 x 6,656,
 acts="q8") per route, after ten warm-ups:
 
-    python bench/cuda_route_timeline.py
+    python bench/experiments/cuda_route_timeline.py
 
 prints, per device event: start (us from the first event), duration, the gap
 to the previous event's end (negative: overlapping) and the kernel's name.

@@ -1,8 +1,8 @@
 """Time and power of the q8 matvec's weight stream, copy mechanism by layout.
 
-    python bench/cuda_stream_power.py [--seconds 2] [--only NAME,...]
+    python bench/experiments/cuda_stream_power.py [--seconds 2] [--only NAME,...]
 
-Builds bench/cuda_stream_power.cu with nvcc, prints every variant's median
+Builds bench/experiments/cuda_stream_power.cu with nvcc, prints every variant's median
 kernel time against the plain read kernel, then runs each variant alone in a
 loop while nvidia-smi samples the SM clock and the board power, so a
 variant that streams as fast but draws more power (and, beside the matvec's

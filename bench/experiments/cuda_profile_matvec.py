@@ -2,7 +2,7 @@
 
     ncu --clock-control none -k regex:"matvec_(canon|q8)_kernel" \\
         --metrics smsp__inst_executed.sum,sm__inst_executed_pipe_fma.sum,... \\
-        python3 bench/cuda_profile_matvec.py head.gguf [f32,q8]
+        python3 bench/experiments/cuda_profile_matvec.py head.gguf [f32,q8]
 
 runs route canonical at t = 1, 1, 8, 8 (the first launch of each t warms
 up) for each activation mode named (f32 by default; q8: int8 activations,

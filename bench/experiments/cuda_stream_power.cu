@@ -4,10 +4,10 @@
 // matvec_q8_staged_kernel does, with different copy mechanisms and layouts.
 // The kernel's compute is a XOR, so only the stream is measured.
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90 -Isrc/cpp -Isrc/cuda -o /tmp/sp bench/cuda_stream_power.cu
+//   nvcc -O3 -std=c++17 -arch=sm_90 -Isrc/cpp -Isrc/cuda -o /tmp/sp bench/experiments/cuda_stream_power.cu
 //   /tmp/sp                # every variant: median kernel time, x the read kernel
 //   /tmp/sp VARIANT SECS   # one variant in a loop for SECS seconds (sample the
-//                          # power beside it: bench/cuda_stream_power.py)
+//                          # power beside it: bench/experiments/cuda_stream_power.py)
 //
 // Variants: read (muser's read-limit kernel, src/cuda/bandwidth.cu), and
 // {cpasync, ldg, bulk} x {tile16, tile256} with S stages:

@@ -1,6 +1,6 @@
 """The board's SM clock and power, sampled by nvidia-smi while work runs: the
-one sampler the CUDA power benches share (bench/cuda_stream_power.py,
-bench/cuda_route_power.py).
+one sampler the CUDA power benches share (bench/experiments/cuda_stream_power.py,
+bench/experiments/cuda_route_power.py).
 
     with GpuSampler() as s:
         run_the_work()
