@@ -32,13 +32,13 @@ def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentPar
     p.add_argument("--targets", help="next-token ids .npy [t] (int)")
     p.add_argument("--types", default="Q4_K,Q5_K,Q6_K,Q8_0,F16",
                    help="comma-separated weight types (default Q4_K,Q5_K,Q6_K,Q8_0,F16)")
-    p.add_argument("--route", choices=ROUTES, default="graph")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--acts", choices=("f32", "q8"), default="f32")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--route", choices=ROUTES, default="graph", help="the route the head runs (default graph)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or metal (default cpu)")
+    p.add_argument("--acts", choices=("f32", "q8"), default="f32", help="f32 activations, or q8 (ggml's int8 quantization)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: every CPU the process may use)")
     p.add_argument("--repeats", type=int, default=5, help="timed one-row steps per type (median)")
     p.add_argument("--keep", metavar="DIR", help="write the requantized heads here and keep them")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(fn=run)
     return p
 
