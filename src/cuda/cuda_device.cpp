@@ -401,8 +401,14 @@ class CudaDevice final : public Device {
     normed_.ensure(xbytes, ordinal_, "normed hidden states");
     if (q8_) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
 
-    // distinct ids, padded to a power of two (repeating the first) so the graph's shape repeats
-    std::vector<int64_t> uniq(out.ids, out.ids + n_ids);
+    const int64_t V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
+    const int64_t budget_rows = (int64_t)(kVocabScratchBytes / (sizeof(float) * (size_t)t)) / kLseTile * kLseTile;
+    const int64_t chunk = std::min<int64_t>(std::max<int64_t>(budget_rows, kLseTile), tiles * kLseTile);
+    // One chunk: the chosen logits are gathered from it (slot = the id). Several: the
+    // distinct ids' rows run first (slot = the index among them), padded to a power of
+    // two (repeating the first) so the graph's shape repeats.
+    const bool one_chunk = chunk >= V;
+    std::vector<int64_t> uniq(out.ids, out.ids + (one_chunk ? 0 : n_ids));
     std::sort(uniq.begin(), uniq.end());
     uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
     const int64_t distinct = (int64_t)uniq.size();
@@ -419,16 +425,14 @@ class CudaDevice final : public Device {
     std::memcpy(in_host + n_ids * 8, uniq.data(), (size_t)U * 8);
     auto* slot = reinterpret_cast<int32_t*>(in_host + id_bytes);
     for (int64_t i = 0; i < n_ids; ++i)
-      slot[i] = (int32_t)(std::lower_bound(uniq.begin(), uniq.begin() + distinct, out.ids[i]) - uniq.begin());
+      slot[i] = one_chunk ? (int32_t)out.ids[i]
+                          : (int32_t)(std::lower_bound(uniq.begin(), uniq.begin() + distinct, out.ids[i]) - uniq.begin());
     auto* in_dev = static_cast<uint8_t*>(score_ids_.ensure(in_bytes, ordinal_, "chosen token ids"));
     auto* out_dev = static_cast<uint8_t*>(score_out_.ensure(out_bytes, ordinal_, "scores"));
     if (U > 0) {
       score_mini_.ensure(device_weight_bytes(out_.type, U, out_.row_bytes), ordinal_, "the chosen ids' weight rows");
       score_small_.ensure((size_t)t * U * 4, ordinal_, "the chosen ids' logits");
     }
-    const int64_t V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
-    const int64_t budget_rows = (int64_t)(kVocabScratchBytes / (sizeof(float) * (size_t)t)) / kLseTile * kLseTile;
-    const int64_t chunk = std::min<int64_t>(std::max<int64_t>(budget_rows, kLseTile), tiles * kLseTile);
     score_chunk_.ensure((size_t)t * std::min(chunk, V) * 4, ordinal_, "a chunk of logits");
     score_pairs_.ensure((size_t)t * tiles * lse_pair_bytes(), ordinal_, "logsumexp tile pairs");
 
@@ -504,7 +508,10 @@ class CudaDevice final : public Device {
       enqueue_matvec_rows(kind, w + r0 * out_.row_bytes, n, normed, q, t, y, n);
       finish(y, (int64_t)t * n);
       lse_tiles(y, n, n, t, r0 / kLseTile, tiles, pairs, stream_);
-      if (U > 0) rank_count(y, n, n, t, r0, ids, values, (int)m, ahead, stream_);
+      if (m > 0 && U == 0)  // one chunk: the chosen logits are in it
+        gather_values(y, reinterpret_cast<const int*>(in_dev + (size_t)n_ids * 8), t, (int)m, n, values, ahead,
+                      stream_);
+      if (m > 0) rank_count(y, n, n, t, r0, ids, values, (int)m, ahead, stream_);
     }
     lse_finish(pairs, tiles, t, lse, stream_);
     check(cudaMemcpyAsync(out_host, out_dev, out_bytes, cudaMemcpyDeviceToHost, stream_), "download of scores");
