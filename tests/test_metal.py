@@ -193,6 +193,22 @@ def test_topk_on_device_equals_cpu(head_file, k):
     np.testing.assert_array_equal(gpu.argmax(x), cpu.argmax(x))
 
 
+@pytest.mark.parametrize("acts", ["f32", "q8"])
+def test_consumer_reductions_on_metal_equal_cpu_on_the_canonical_route(head_file, acts):
+    # score/logsumexp/log_softmax of Metal's logits: the canonical bits of the CPU
+    path = head_file("Q5_K")
+    cpu = muser.Head.load(path, device="cpu", route="canonical", acts=acts)
+    gpu = muser.Head.load(path, device="metal", route="canonical", acts=acts)
+    x = hidden_states(SHAPES["Q5_K"], 4, seed=3)
+    ids = np.array([[0, 5, VOCAB - 1]] * 4)
+    want, got = cpu.score(x, ids), gpu.score(x, ids)
+    assert_bitwise(got.logprobs, want.logprobs, "score logprobs")
+    assert_bitwise(got.logsumexp, want.logsumexp, "logsumexp")
+    np.testing.assert_array_equal(got.ranks, want.ranks)
+    assert_bitwise(gpu.logsumexp(x), want.logsumexp, "logsumexp")
+    assert_bitwise(gpu.log_softmax(x), cpu.log_softmax(x), "log_softmax")
+
+
 def test_pipeline_cache_reused_across_calls(head_file):
     gpu = muser.Head.load(head_file("Q5_K"), device="metal", route="graph")
     x = hidden_states(SHAPES["Q5_K"], 2)
