@@ -176,7 +176,8 @@ void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int
   a->t = t;
 }
 
-Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_bytes, int x_tokens) {
+Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_bytes, int x_tokens, size_t budget) {
+  if (budget == 0) budget = kQ8SmemBudget;
   // columns per chunk: all of them when the tile's tokens fit the budget, else
   // as many 256-column slices as fit (at least one)
   const int64_t kpad = (a.cols + 255) / 256 * 256;
@@ -185,18 +186,23 @@ Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_b
            (size_t)tile_tokens * (size_t)q8_rec_pitch((int)(cols / meta_cols), rec_bytes);
   };
   int64_t cols = kpad;
-  while (cols > 256 && bytes(cols) > kQ8SmemBudget) cols -= 256;
+  while (cols > 256 && bytes(cols) > budget) cols -= 256;
   Q8Plan p;
   p.chunk_cols = (int)cols;
   p.smem_bytes = bytes(cols);
   return p;
 }
 
-int q8_staged_stages(const Q8Args&, const Q8Plan& p, int stage_bytes) {
+size_t q8_smem_optin() {
   int dev = 0, optin = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
         "cudaDeviceGetAttribute(shared memory per block)");
+  return (size_t)optin;
+}
+
+int q8_staged_stages(const Q8Args&, const Q8Plan& p, int stage_bytes) {
+  const size_t optin = q8_smem_optin();
   // two stages (one unit ahead per warp, 6 MB in flight over the H200) measured
   // faster than three or four once the weight is tiled: 220.8 against 224.1
   // and 225.9 us at t = 1, 227 against 228 us at t = 8 (docs/performance.md).
