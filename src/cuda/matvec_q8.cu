@@ -223,8 +223,17 @@ void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& 
   launch_persistent(kernel, params, threads, p.smem_bytes, a.rows, rows_per_cta, stream, "matvec_q8");
 }
 
+int q8_token_tile(uint32_t type) {
+  // the staged kernel's 8-tile variant runs 8 warps per SM (197 registers each) and
+  // took 1,787 us for 64 tokens of the seed head against 510 us for 32 (16 warps, 4
+  // tiles): two launches of 32 read the weight twice and still win
+  if (type == (uint32_t)GgmlType::Q6_K) return 64;
+  if (const char* e = std::getenv("MUSER_Q8_TOKEN_TILE")) return std::atoi(e) == 64 ? 64 : 32;
+  return 32;
+}
+
 void matvec_q8(const Q8Args& a, cudaStream_t stream) {
-  constexpr int kTokenTile = 64;  // t <= 64 reads the weight once, larger t once per 64 tokens
+  const int kTokenTile = q8_token_tile(a.type);  // t <= kTokenTile reads the weight once, larger t once per tile
   const Q8Kind kind = q8_kind(a.type);
   const int64_t rec_bytes_per_token = a.meta_per_token * q8_rec_bytes(kind);
   for (int k0 = 0; k0 < a.t; k0 += kTokenTile) {

@@ -139,7 +139,10 @@ struct Q8Smem {
   int tile_stride;     // bytes between token tiles (8 tokens)
   const uint8_t* rec;  // record of token 2q of tile 0 for the unit's first meta block
   int tok_stride;      // bytes between consecutive tokens' records
-  int tiles;           // token tiles holding a token < t (uniform): later tiles are skipped
+  int tiles;           // token tiles holding a token < t: later tiles read the last one's quants
+  // token tile nt's quants: tiles past t compute on the last staged tile (their sums are never
+  // written) through a select, not a branch, so the tiles' mmas interleave
+  __device__ __forceinline__ const int8_t* tile_x(int nt) const { return x + (nt < tiles ? nt : tiles - 1) * tile_stride; }
 };
 
 // ---------------------------------------------------------------- Q4_K / Q5_K
@@ -170,7 +173,6 @@ __device__ __forceinline__ void kquant45_float_step(const KScales (&ks)[2], cons
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int j = 0; j < kJ; ++j) {
-      if (nt >= sm.tiles) break;
       const uint8_t* rec = sm.rec + (nt * 8 + j) * sm.tok_stride;
       const uint4 s = *reinterpret_cast<const uint4*>(rec);
       const float dx = *reinterpret_cast<const float*>(rec + 16);
@@ -196,8 +198,7 @@ __device__ __forceinline__ void kquant_pair_mma(const uint32_t (&alo)[4], const 
   const int sc01 = byte_u(ks[0].sc[s1 >> 2], s1 & 3), sc11 = byte_u(ks[1].sc[s1 >> 2], s1 & 3);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    if (nt >= sm.tiles) break;
-    const int8_t* xb = sm.x + nt * sm.tile_stride;
+    const int8_t* xb = sm.tile_x(nt);
     const uint2 b0 = *reinterpret_cast<const uint2*>(xb + 32 * s0);
     const uint2 b1 = *reinterpret_cast<const uint2*>(xb + 32 * s1);
     int C[4];
@@ -382,8 +383,7 @@ struct Q8DecQ6K {
       }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        if (nt >= sm.tiles) break;
-        const uint32_t b = *reinterpret_cast<const uint32_t*>(sm.x + nt * sm.tile_stride + 16 * g);
+        const uint32_t b = *reinterpret_cast<const uint32_t*>(sm.tile_x(nt) + 16 * g);
         int C[4];
         mma_u8s8_k16(C, a[0], a[1], b);
         isum[nt][0] += sc[0] * C[0];
@@ -402,7 +402,6 @@ struct Q8DecQ6K {
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int j = 0; j < kJ; ++j) {
-        if (nt >= sm.tiles) break;
         const uint8_t* rec = sm.rec + (nt * 8 + j) * sm.tok_stride;
         const uint4 lo = *reinterpret_cast<const uint4*>(rec);
         const uint4 hi = *reinterpret_cast<const uint4*>(rec + 16);
@@ -487,8 +486,7 @@ struct Q8DecQ80 {
       const float dw[2] = {half_bits_to_float(r.d[0][s]), half_bits_to_float(r.d[1][s])};
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        if (nt >= sm.tiles) break;
-        const uint2 b = *reinterpret_cast<const uint2*>(sm.x + nt * sm.tile_stride + 32 * s);
+        const uint2 b = *reinterpret_cast<const uint2*>(sm.tile_x(nt) + 32 * s);
         int C[4];
         mma_s8s8_k32(C, a, b.x, b.y);
 #pragma unroll
@@ -668,9 +666,11 @@ constexpr int kQ8WarmupUnits = 6;
 
 // Tokens whose quants the staged kernel keeps in shared memory for t tokens
 // and a tile of TT: t itself up to 8 (lanes of tokens >= t read token t - 1),
-// else t rounded up to whole tiles of 8 (zeros past t).
+// but at least 4 from t = 2 on (zeros past t: t = 2 staging 2 rows ran 13 %
+// slower than t = 4, docs/performance.md); else t rounded up to whole tiles
+// of 8 (zeros past t).
 MUSER_HD constexpr int q8_staged_tokens(int t, int TT) {
-  return t <= 8 ? (t < TT ? t : TT) : ((t + 7) / 8 * 8 < TT ? (t + 7) / 8 * 8 : TT);
+  return t <= 8 ? (t == 1 ? 1 : t < 4 ? 4 : t) : ((t + 7) / 8 * 8 < TT ? (t + 7) / 8 * 8 : TT);
 }
 
 // Pulls nbytes (a multiple of 16) at a 16-byte aligned p into L2; one lane calls it.
@@ -824,6 +824,10 @@ void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& 
 // stages of the staged kernel for a (0: use the register kernel); MUSER_Q8_STAGES overrides
 int q8_staged_stages(const Q8Args& a, const Q8Plan& p, int stage_bytes);
 
+// Tokens per matvec_q8 launch for a weight type: 32 for the staged batch kernel's
+// types (Q4_K, Q5_K, Q8_0), 64 for the register kernel's (Q6_K); MUSER_Q8_TOKEN_TILE=64
+// gives the staged types 64 (8 warps of 8 tiles), for measuring.
+int q8_token_tile(uint32_t type);
 void matvec_q8_q5_k(const Q8Args& a, cudaStream_t stream);
 void matvec_q8_q4_k(const Q8Args& a, cudaStream_t stream);
 void matvec_q8_q6_k(const Q8Args& a, cudaStream_t stream);
@@ -840,7 +844,7 @@ void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
   using Two = std::integral_constant<int, 2>;
   if constexpr (Q8Stageable<Dec>::value) {
     if (a.t <= 8) {
-      const Q8Plan p = plan_matvec_q8(a, 8, Dec::kMetaCols, Dec::kRec, a.t);
+      const Q8Plan p = plan_matvec_q8(a, 8, Dec::kMetaCols, Dec::kRec, q8_staged_tokens(a.t, 8));
       constexpr int kStage = Q8StagedCta<1>::warps * kQ8RowsPerWarp * Dec::kUnitBytes;
       const int S = q8_staged_stages(a, p, kStage);
       auto staged = [&](auto stages, auto lane_tokens) {
@@ -876,6 +880,7 @@ void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
                                 Cta::threads, Cta::warps * kQ8RowsPerWarp);
         return true;
       };
+      // (matvec_q8 hands these kernels at most q8_token_tile tokens: 32 unless measuring)
       if (a.t <= 16 ? batch(Two{}) : a.t <= 32 ? batch(std::integral_constant<int, 4>{})
                                                : batch(std::integral_constant<int, 8>{}))
         return;
