@@ -224,10 +224,11 @@ void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& 
 }
 
 int q8_token_tile(uint32_t type) {
-  // the staged kernel's 8-tile variant runs 8 warps per SM (197 registers each) and
-  // took 1,787 us for 64 tokens of the seed head against 510 us for 32 (16 warps, 4
-  // tiles): two launches of 32 read the weight twice and still win
-  if (type == (uint32_t)GgmlType::Q6_K) return 64;
+  // 64 tokens of the seed head took 1,364 us in the register kernel (8 tiles), 1,492 in an
+  // 8-warp staged variant, 2 x 460 in two staged launches of 32 (16 warps, 4 tiles each):
+  // reading the weight twice wins. The Gemma-3 head (Q8_0, 640 columns) went the other
+  // way (189 us in one register launch, 205 in two staged ones).
+  if (type == (uint32_t)GgmlType::Q6_K || type == (uint32_t)GgmlType::Q8_0) return 64;
   if (const char* e = std::getenv("MUSER_Q8_TOKEN_TILE")) return std::atoi(e) == 64 ? 64 : 32;
   return 32;
 }

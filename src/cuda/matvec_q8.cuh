@@ -824,9 +824,10 @@ void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& 
 // stages of the staged kernel for a (0: use the register kernel); MUSER_Q8_STAGES overrides
 int q8_staged_stages(const Q8Args& a, const Q8Plan& p, int stage_bytes);
 
-// Tokens per matvec_q8 launch for a weight type: 32 for the staged batch kernel's
-// types (Q4_K, Q5_K, Q8_0), 64 for the register kernel's (Q6_K); MUSER_Q8_TOKEN_TILE=64
-// gives the staged types 64 (8 warps of 8 tiles), for measuring.
+// Tokens per matvec_q8 launch for a weight type: 32 for Q4_K and Q5_K (the staged
+// batch kernel), 64 for Q6_K and Q8_0 (the register kernel beyond 32 tokens: on short
+// rows the weight read matters less than the work); MUSER_Q8_TOKEN_TILE=64 gives
+// Q4_K/Q5_K 64 too, for measuring.
 int q8_token_tile(uint32_t type);
 void matvec_q8_q5_k(const Q8Args& a, cudaStream_t stream);
 void matvec_q8_q4_k(const Q8Args& a, cudaStream_t stream);
@@ -880,10 +881,10 @@ void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
                                 Cta::threads, Cta::warps * kQ8RowsPerWarp);
         return true;
       };
-      // (matvec_q8 hands these kernels at most q8_token_tile tokens: 32 unless measuring)
-      if (a.t <= 16 ? batch(Two{}) : a.t <= 32 ? batch(std::integral_constant<int, 4>{})
-                                               : batch(std::integral_constant<int, 8>{}))
-        return;
+      // t > 32 (q8_token_tile: Q8_0, or measuring): the register kernel's 8 tiles, which beat
+      // an 8-warp staged variant (8 tiles need 197 registers a lane): 1,364 against 1,492 us
+      // for 64 tokens of the seed head
+      if (a.t <= 16 ? batch(Two{}) : a.t <= 32 && batch(std::integral_constant<int, 4>{})) return;
     }
   }
   if (a.t <= 8) go(One{});
