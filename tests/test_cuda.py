@@ -7,7 +7,7 @@ tanhf difference; batch rows == single steps; zero-copy device logits through
 DLPack and __cuda_array_interface__ (PyTorch, CuPy) and their lifetime;
 device hidden states; top-k on the device; errors as muser.Error.
 acts="q8": CUDA logits == the CPU's q8 logits bit for bit (every supported
-weight type, t = 1 .. 70, chunked columns), batch invariance, the distance
+weight type, t = 1 .. 256, chunked columns, seed- and Gemma-shaped rows), batch invariance, the distance
 to the f32 route, a clear error for float weights.
 """
 from __future__ import annotations

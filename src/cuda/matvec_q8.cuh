@@ -36,7 +36,8 @@
 // registers of 4 same-sub-block quants, merging the fifth bits from qh' with
 // one LOP3 each. Q6_K and Q8_0 blocks (2-byte aligned) are read in 16-bit
 // halves. Loads are ld.global.nc.L1::no_allocate, one unit ahead; for t <= 8
-// Q4_K/Q5_K/Q8_0 units go through shared memory instead (matvec_q8_staged_kernel).
+// Q4_K/Q5_K/Q8_0 units go through shared memory instead (matvec_q8_staged_kernel),
+// and for t <= 32 too, with 2 or 4 token tiles per warp.
 #pragma once
 #include "kernels.h"
 #include "matvec.cuh"
@@ -639,8 +640,10 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
 // once and its decoded registers feed the NT tiles' mmas, so the weight is
 // read once per launch. The staged quants are those of the tiles holding a
 // token < t (rounded up to 8 tokens, zeros past t); tiles past t are
-// skipped (Q8Smem::tiles). NT = 8 needs more registers than 16 warps
-// allow (128 each): Q8StagedCta gives it 8 warps.
+// computed on the last staged tile and never written (Q8Smem::tile_x).
+// NT = 8 would need more registers than 16 warps allow (128 each): Q8StagedCta
+// gives it 8 warps, but that variant lost to two launches of 4 tiles
+// (docs/performance.md) and is not dispatched.
 template <int NT>
 struct Q8StagedCta {
   static constexpr int warps = NT >= 8 ? 8 : 16;
