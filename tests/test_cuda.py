@@ -7,7 +7,7 @@ tanhf difference; batch rows == single steps; zero-copy device logits through
 DLPack and __cuda_array_interface__ (PyTorch, CuPy) and their lifetime;
 device hidden states; top-k on the device; errors as muser.Error.
 acts="q8": CUDA logits == the CPU's q8 logits bit for bit (every supported
-weight type, t = 1 .. 70, chunked columns), batch invariance, the distance
+weight type, t = 1 .. 256, chunked columns, seed- and Gemma-shaped rows), batch invariance, the distance
 to the f32 route, a clear error for float weights.
 """
 from __future__ import annotations
@@ -518,3 +518,64 @@ def test_fifty_load_step_del_cycles_return_device_memory_to_its_baseline(head_fi
     free_after = _core.cuda_memory_info(0)[0]
     # the weight alone is 5003 rows x 880 bytes; a leak of it per cycle is > 200 MB over 50
     assert baseline - free_after <= 4 << 20, f"{(baseline - free_after) / 1e6:.1f} MB of device memory not returned"
+
+
+# ---- batches (issue 14): every kernel tier of t, on every weight type, bit for bit ----
+# t = 2..8: the staged q8 kernel; 9..64: its batch tiers (2, 4, 8 token tiles per warp),
+# 100 and 256: several 64-token launches; the canonical route: its 1..64 tiles, and on
+# the seed's hidden size tiles of 8 (x of more tokens does not fit shared memory whole)
+
+BATCH_TOKENS = (1, 2, 3, 8, 15, 16, 17, 33, 64, 100, 256)
+
+
+@pytest.mark.parametrize("weight_type", Q8_TYPES)
+def test_q8_bitwise_equal_to_cpu_at_every_batch_size(head_file, weight_type):
+    path = head_file(weight_type)
+    cpu = muser.Head.load(path, device="cpu", route="canonical", acts="q8")
+    gpu = muser.Head.load(path, device="cuda", route="canonical", acts="q8")
+    for t in BATCH_TOKENS:
+        x = hidden_states(SHAPES[weight_type], t, seed=300 + t)
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 t={t}")
+
+
+@pytest.mark.parametrize("weight_type", list(SHAPES))
+def test_canonical_bitwise_equal_to_cpu_at_every_batch_size(head_file, weight_type):
+    path = head_file(weight_type)
+    cpu = muser.Head.load(path, device="cpu", route="canonical")
+    gpu = muser.Head.load(path, device="cuda", route="canonical")
+    for t in BATCH_TOKENS:
+        x = hidden_states(SHAPES[weight_type], t, seed=400 + t)
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}")
+
+
+# the seed's hidden size (6,656: q8 batches stage their columns in chunks, the canonical route
+# tiles by 8) and the Gemma-3 one (640 x Q8_0: everything staged whole), with fewer rows
+WIDE_HEADS = {"seed-Q5_K": (6656, 2053, "Q5_K"), "seed-Q6_K": (6656, 1031, "Q6_K"), "gemma-Q8_0": (640, 4099, "Q8_0")}
+
+
+@pytest.fixture(scope="module")
+def wide_head(heads_dir):
+    cache = {}
+
+    def get(name: str) -> str:
+        if name not in cache:
+            hidden, vocab, weight_type = WIDE_HEADS[name]
+            cache[name] = write_head_gguf(heads_dir / f"wide-{name}.gguf", hidden=hidden, vocab=vocab,
+                                          weight_type=weight_type, seed=31, random_quants=True)
+        return cache[name]
+    return get
+
+
+@pytest.mark.parametrize("acts", ("q8", "f32"))
+@pytest.mark.parametrize("name", list(WIDE_HEADS))
+def test_wide_heads_bitwise_equal_to_cpu_and_rows_equal_single_steps(wide_head, name, acts):
+    hidden = WIDE_HEADS[name][0]
+    path = wide_head(name)
+    cpu = muser.Head.load(path, device="cpu", route="canonical", acts=acts)
+    gpu = muser.Head.load(path, device="cuda", route="canonical", acts=acts)
+    for t in (2, 16, 17, 64, 100, 256) if acts == "q8" else (2, 9, 33, 100):
+        x = hidden_states(hidden, t, seed=500 + t)
+        batch = gpu(x).copy()
+        assert_bitwise(batch, cpu(x).copy(), f"{name} {acts} t={t}")
+        for r in sorted({0, 7, 8, 15, 16, 63, t - 1} & set(range(t))):
+            assert_bitwise(gpu(x[r]), batch[r], f"{name} {acts} row {r} alone vs in a batch of {t}")

@@ -33,6 +33,18 @@ from typing import Any, Optional
 import numpy as np
 
 SEED_SHAPE = dict(hidden=6656, vocab=202048, weight_type="Q5_K")  # the seed's head, 924,571,648 bytes
+SWEEP_TOKENS = "1,2,4,8,16,32,64,128,256"  # --tokens sweep: decoding, speculative checks, batches, scoring
+
+# Compute bounds of a batch (2 V H t operations), from the H200's (H100 SXM's) data-sheet
+# peaks: dense int8 on the tensor cores (wgmma; mma.sync reaches less) and FP32 FMA
+# (132 SMs x 128 lanes x 2 x 1.98 GHz). The exact-f32 routes are FMA bound from t of a few on.
+INT8_TENSOR_PEAK_OPS = 1979e12
+FP32_FMA_PEAK_FLOPS = 66.9e12
+
+
+def compute_bound_s(acts: str, vocab: int, hidden: int, t: int) -> float:
+    """Seconds the batch's multiply-adds take at the peak of the units that run them."""
+    return 2.0 * vocab * hidden * t / (INT8_TENSOR_PEAK_OPS if acts == "q8" else FP32_FMA_PEAK_FLOPS)
 
 
 def write_random_head(path: str, hidden: int, vocab: int, weight_type: str, seed: int = 0,
@@ -77,29 +89,49 @@ def time_route(head: Any, x_host: np.ndarray, x_dev: Any, warmup: int, reps: int
             "call_s": _median(calls), "nodes": {k: _median(v) for k, v in per_label.items()}}
 
 
-def time_torch_linear(hidden: int, vocab: int, t: int, warmup: int, reps: int) -> Optional[float]:
+def time_torch_linear(hidden: int, vocab: int, t: int, warmup: int, reps: int,
+                      w: Any = None) -> Optional[dict]:
+    """torch bf16 F.linear, and F.linear + the soft cap (f32 tanh), between CUDA events; None without torch.
+
+    Returns {"linear_s", "capped_s", "capped_call_s"} (the last by the host clock with a synchronize).
+    """
     try:
         import torch
     except ImportError:
         return None
     g = torch.Generator(device="cuda").manual_seed(0)
-    w = torch.randn((vocab, hidden), device="cuda", dtype=torch.bfloat16, generator=g)
+    if w is None:
+        w = torch.randn((vocab, hidden), device="cuda", dtype=torch.bfloat16, generator=g)
     x = torch.randn((t, hidden), device="cuda", dtype=torch.bfloat16, generator=g)
     f = torch.nn.functional.linear
-    for _ in range(warmup):
-        f(x, w)
-    torch.cuda.synchronize()
-    times = []
+    scale, cap = 0.196116, 20.0
+
+    def capped():
+        return torch.tanh(f(x, w).float() * (scale / cap)) * cap
+
+    def events(fn):
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e-3)
+        return _median(times)
+
+    out = {"linear_s": events(lambda: f(x, w)), "capped_s": events(capped)}
+    calls = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        f(x, w)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
-    del w, x
-    torch.cuda.empty_cache()
-    return _median(times)
+        s = time.perf_counter()
+        capped()
+        torch.cuda.synchronize()
+        calls.append(time.perf_counter() - s)
+    out["capped_call_s"] = _median(calls)
+    return out
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -109,7 +141,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--weight-type", default=SEED_SHAPE["weight_type"])
     p.add_argument("--routes", default="graph,fused,canonical")
     p.add_argument("--acts", default="f32,q8", help="activation modes: f32, q8 or both")
-    p.add_argument("--tokens", default="1,8")
+    p.add_argument("--tokens", default="1,8", help=f"batch sizes, e.g. the sweep {SWEEP_TOKENS}")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=30)
@@ -163,8 +195,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     results["read_limit_after_s"] = limit2
     del heads
     if not args.no_torch:
-        results["torch_bf16_linear_s"] = {str(t): time_torch_linear(args.hidden, args.vocab, int(t), args.warmup,
-                                                                    args.reps) for t in args.tokens.split(",")}
+        results["torch_bf16"] = {}
+        try:
+            import torch
+
+            w = torch.randn((args.vocab, args.hidden), device="cuda", dtype=torch.bfloat16)
+            for t in args.tokens.split(","):
+                results["torch_bf16"][t] = time_torch_linear(args.hidden, args.vocab, int(t), args.warmup,
+                                                             args.reps, w)
+            del w
+            torch.cuda.empty_cache()
+        except ImportError:
+            pass
 
     us = lambda s: f"{s * 1e6:9.1f}"  # noqa: E731
     print(f"muser CUDA head bench: {desc}")
@@ -178,10 +220,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{r['route']:<10} {r['acts']:<4} {r['t']:>3} {us(r['lm_head_s']):>11} {r['lm_head_s'] / limit:>8.3f} "
               f"{us(r['route_s']):>10} {r['route_s'] / limit:>8.3f} {us(r['route_held_s']):>9} "
               f"{r['route_held_s'] / limit_held:>11.3f} {us(r['nodes_sum_s']):>10} {us(r['call_s']):>10}")
-    for t, s in (results.get("torch_bf16_linear_s") or {}).items():
-        if s is not None:
-            print(f"torch bf16 F.linear t={t}: {us(s)} us ({s / limit:.3f} x the limit; reads "
-                  f"{2 * args.vocab * args.hidden:,} bytes of bf16 weight)")
+    torch_t = results.get("torch_bf16") or {}
+    for t, r in torch_t.items():
+        if r is not None:
+            print(f"torch bf16 F.linear t={t}: {us(r['linear_s'])} us ({r['linear_s'] / limit:.3f} x the limit; reads "
+                  f"{2 * args.vocab * args.hidden:,} bytes of bf16 weight); + cap {us(r['capped_s'])} us, "
+                  f"per call {us(r['capped_call_s'])} us")
+    # the batch view: GPU time (held) and per-call time against the read limit and the compute bound
+    print(f"\nbatch sweep: GPU = route_seconds(held=True), call = head(x_gpu, on_device=True) by the host clock; "
+          f"bound = 2 V H t at {INT8_TENSOR_PEAK_OPS / 1e12:,.0f} int8 TOPS (q8) or "
+          f"{FP32_FMA_PEAK_FLOPS / 1e12:.1f} FP32 TFLOP/s (f32)")
+    print(f"{'route':<10} {'acts':<4} {'t':>3} {'GPU us':>9} {'x read':>7} {'bound us':>9} {'x bound':>8} "
+          f"{'call us':>9} {'torch+cap us':>12}")
+    for r in results["routes"]:
+        bound = compute_bound_s(r["acts"], args.vocab, args.hidden, r["t"])
+        tr = torch_t.get(str(r["t"]))
+        print(f"{r['route']:<10} {r['acts']:<4} {r['t']:>3} {us(r['route_held_s'])} "
+              f"{r['route_held_s'] / limit_held:>7.3f} {us(bound)} {r['route_held_s'] / bound:>8.2f} "
+              f"{us(r['call_s'])} {us(tr['capped_s']) if tr else '-':>12}")
     if args.json:
         from ._bench_util import write_json
 

@@ -195,11 +195,27 @@ bool matvec_supports(uint32_t type) {
   }
 }
 
+// The token tile of matvec_canon for a row of `cols` columns: the largest of
+// 64, 32, 16 whose staged x fits its CTA's budget whole, else 8. A chunked x
+// is restaged for every row group (matvec.cuh), which cost more than reading
+// the weight once per 8 tokens: 4,936 us at t = 16 on the seed head against
+// 2 x 1,136 (docs/performance.md); the order of the sums is the same either way.
+static int canon_token_tile(int64_t cols) {
+  const int64_t kpad = (cols + 255) / 256 * 256;
+  auto x_bytes = [&](int64_t t) { return (size_t)t * 32 * (size_t)(kpad / 32 + kLanePad) * sizeof(float); };
+  if (x_bytes(64) <= MatvecCta<64>::x_budget) return 64;
+  if (x_bytes(32) <= MatvecCta<32>::x_budget) return 32;
+  if (x_bytes(16) <= MatvecCta<16>::x_budget) return 16;
+  return 8;
+}
+
 void matvec_canon(const MatvecArgs& a, cudaStream_t stream) {
   // token tiles of up to 64: t <= 64 reads the weight once, larger t once per tile
-  for (int k0 = 0; k0 < a.t; k0 += kTokenTile) {
+  // (fewer tokens per tile when their x would not fit shared memory whole)
+  const int token_tile = a.t <= 8 ? kTokenTile : std::min(kTokenTile, canon_token_tile(a.cols));
+  for (int k0 = 0; k0 < a.t; k0 += token_tile) {
     MatvecArgs tile = a;
-    tile.t = std::min(kTokenTile, a.t - k0);
+    tile.t = std::min(token_tile, a.t - k0);
     tile.x = a.x + k0 * a.ldx;
     tile.y = a.y + k0 * a.ldy;
     switch (a.type) {

@@ -176,7 +176,8 @@ void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int
   a->t = t;
 }
 
-Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_bytes, int x_tokens) {
+Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_bytes, int x_tokens, size_t budget) {
+  if (budget == 0) budget = kQ8SmemBudget;
   // columns per chunk: all of them when the tile's tokens fit the budget, else
   // as many 256-column slices as fit (at least one)
   const int64_t kpad = (a.cols + 255) / 256 * 256;
@@ -185,18 +186,23 @@ Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_b
            (size_t)tile_tokens * (size_t)q8_rec_pitch((int)(cols / meta_cols), rec_bytes);
   };
   int64_t cols = kpad;
-  while (cols > 256 && bytes(cols) > kQ8SmemBudget) cols -= 256;
+  while (cols > 256 && bytes(cols) > budget) cols -= 256;
   Q8Plan p;
   p.chunk_cols = (int)cols;
   p.smem_bytes = bytes(cols);
   return p;
 }
 
-int q8_staged_stages(const Q8Args&, const Q8Plan& p, int stage_bytes) {
+size_t q8_smem_optin() {
   int dev = 0, optin = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
         "cudaDeviceGetAttribute(shared memory per block)");
+  return (size_t)optin;
+}
+
+int q8_staged_stages(const Q8Args&, const Q8Plan& p, int stage_bytes) {
+  const size_t optin = q8_smem_optin();
   // two stages (one unit ahead per warp, 6 MB in flight over the H200) measured
   // faster than three or four once the weight is tiled: 220.8 against 224.1
   // and 225.9 us at t = 1, 227 against 228 us at t = 8 (docs/performance.md).
@@ -217,8 +223,18 @@ void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& 
   launch_persistent(kernel, params, threads, p.smem_bytes, a.rows, rows_per_cta, stream, "matvec_q8");
 }
 
+int q8_token_tile(uint32_t type) {
+  // 64 tokens of the seed head took 1,364 us in the register kernel (8 tiles), 1,492 in an
+  // 8-warp staged variant, 2 x 460 in two staged launches of 32 (16 warps, 4 tiles each):
+  // reading the weight twice wins. The Gemma-3 head (Q8_0, 640 columns) went the other
+  // way (189 us in one register launch, 205 in two staged ones).
+  if (type == (uint32_t)GgmlType::Q6_K || type == (uint32_t)GgmlType::Q8_0) return 64;
+  if (const char* e = std::getenv("MUSER_Q8_TOKEN_TILE")) return std::atoi(e) == 64 ? 64 : 32;
+  return 32;
+}
+
 void matvec_q8(const Q8Args& a, cudaStream_t stream) {
-  constexpr int kTokenTile = 64;  // t <= 64 reads the weight once, larger t once per 64 tokens
+  const int kTokenTile = q8_token_tile(a.type);  // t <= kTokenTile reads the weight once, larger t once per tile
   const Q8Kind kind = q8_kind(a.type);
   const int64_t rec_bytes_per_token = a.meta_per_token * q8_rec_bytes(kind);
   for (int k0 = 0; k0 < a.t; k0 += kTokenTile) {

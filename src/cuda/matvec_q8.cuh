@@ -36,7 +36,8 @@
 // registers of 4 same-sub-block quants, merging the fifth bits from qh' with
 // one LOP3 each. Q6_K and Q8_0 blocks (2-byte aligned) are read in 16-bit
 // halves. Loads are ld.global.nc.L1::no_allocate, one unit ahead; for t <= 8
-// Q4_K/Q5_K/Q8_0 units go through shared memory instead (matvec_q8_staged_kernel).
+// Q4_K/Q5_K/Q8_0 units go through shared memory instead (matvec_q8_staged_kernel),
+// and for t <= 32 too, with 2 or 4 token tiles per warp.
 #pragma once
 #include "kernels.h"
 #include "matvec.cuh"
@@ -139,6 +140,10 @@ struct Q8Smem {
   int tile_stride;     // bytes between token tiles (8 tokens)
   const uint8_t* rec;  // record of token 2q of tile 0 for the unit's first meta block
   int tok_stride;      // bytes between consecutive tokens' records
+  int tiles;           // token tiles holding a token < t: later tiles read the last one's quants
+  // token tile nt's quants: tiles past t compute on the last staged tile (their sums are never
+  // written) through a select, not a branch, so the tiles' mmas interleave
+  __device__ __forceinline__ const int8_t* tile_x(int nt) const { return x + (nt < tiles ? nt : tiles - 1) * tile_stride; }
 };
 
 // ---------------------------------------------------------------- Q4_K / Q5_K
@@ -194,7 +199,7 @@ __device__ __forceinline__ void kquant_pair_mma(const uint32_t (&alo)[4], const 
   const int sc01 = byte_u(ks[0].sc[s1 >> 2], s1 & 3), sc11 = byte_u(ks[1].sc[s1 >> 2], s1 & 3);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const int8_t* xb = sm.x + nt * sm.tile_stride;
+    const int8_t* xb = sm.tile_x(nt);
     const uint2 b0 = *reinterpret_cast<const uint2*>(xb + 32 * s0);
     const uint2 b1 = *reinterpret_cast<const uint2*>(xb + 32 * s1);
     int C[4];
@@ -379,7 +384,7 @@ struct Q8DecQ6K {
       }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const uint32_t b = *reinterpret_cast<const uint32_t*>(sm.x + nt * sm.tile_stride + 16 * g);
+        const uint32_t b = *reinterpret_cast<const uint32_t*>(sm.tile_x(nt) + 16 * g);
         int C[4];
         mma_u8s8_k16(C, a[0], a[1], b);
         isum[nt][0] += sc[0] * C[0];
@@ -482,7 +487,7 @@ struct Q8DecQ80 {
       const float dw[2] = {half_bits_to_float(r.d[0][s]), half_bits_to_float(r.d[1][s])};
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const uint2 b = *reinterpret_cast<const uint2*>(sm.x + nt * sm.tile_stride + 32 * s);
+        const uint2 b = *reinterpret_cast<const uint2*>(sm.tile_x(nt) + 32 * s);
         int C[4];
         mma_s8s8_k32(C, a, b.x, b.y);
 #pragma unroll
@@ -590,7 +595,7 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
         __syncthreads();
       }
       const int mb = uc * (Dec::kUnit / Dec::kMetaCols);  // first record of the unit in the chunk
-      const Q8Smem sm{xs + x_lane + uc * Dec::kUnit, 8 * pitch, ms + rec_lane + mb * Dec::kRec, rec_pitch};
+      const Q8Smem sm{xs + x_lane + uc * Dec::kUnit, 8 * pitch, ms + rec_lane + mb * Dec::kRec, rec_pitch, NT};
       const int blocks_left = blocks - u * (Dec::kUnit / Dec::kMetaCols);
       if ((u & 1) == 0) {
         Dec::template load<1>(odd, ptr);
@@ -624,13 +629,26 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
 // cost no registers. A warp's rows are one row tile, so a unit is one
 // contiguous run and each copy instruction reads 512 consecutive bytes (the
 // register kernel's lane-shaped loads touch 1.65 x the sectors, and Q8_0's
-// 2-byte ones make it load-issue bound). One CTA of kQ8StagedWarps warps per
+// 2-byte ones make it load-issue bound). One CTA of 16 warps per
 // SM stages the activations once. Only the tokens < t of the tile have
 // their quants staged: lanes of tokens >= t read token t - 1's (their sums
 // are never written). S = 2 by default (q8_staged_stages), else the
 // register kernel when even that does not fit.
-constexpr int kQ8StagedWarps = 16;
-constexpr int kQ8StagedThreads = 32 * kQ8StagedWarps;
+//
+// Batches (t > 8, one launch per 64 tokens): the same kernel with NT token
+// tiles per warp (NT * 8 tokens); each weight unit lands in shared memory
+// once and its decoded registers feed the NT tiles' mmas, so the weight is
+// read once per launch. The staged quants are those of the tiles holding a
+// token < t (rounded up to 8 tokens, zeros past t); tiles past t are
+// computed on the last staged tile and never written (Q8Smem::tile_x).
+// NT = 8 would need more registers than 16 warps allow (128 each): Q8StagedCta
+// gives it 8 warps, but that variant lost to two launches of 4 tiles
+// (docs/performance.md) and is not dispatched.
+template <int NT>
+struct Q8StagedCta {
+  static constexpr int warps = NT >= 8 ? 8 : 16;
+  static constexpr int threads = 32 * warps;
+};
 
 __device__ __forceinline__ void cp_async16(uint8_t* dst, const uint8_t* src) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
@@ -649,6 +667,15 @@ __device__ __forceinline__ void cp_async_wait() {
 // the 50 MB L2, used within microseconds of the wait).
 constexpr int kQ8WarmupUnits = 6;
 
+// Tokens whose quants the staged kernel keeps in shared memory for t tokens
+// and a tile of TT: t itself up to 8 (lanes of tokens >= t read token t - 1),
+// but at least 4 from t = 2 on (zeros past t: t = 2 staging 2 rows ran 13 %
+// slower than t = 4, docs/performance.md); else t rounded up to whole tiles
+// of 8 (zeros past t).
+MUSER_HD constexpr int q8_staged_tokens(int t, int TT) {
+  return t <= 8 ? (t == 1 ? 1 : t < 4 ? 4 : t) : ((t + 7) / 8 * 8 < TT ? (t + 7) / 8 * 8 : TT);
+}
+
 // Pulls nbytes (a multiple of 16) at a 16-byte aligned p into L2; one lane calls it.
 __device__ __forceinline__ void prefetch_l2_bulk(const uint8_t* p, uint32_t nbytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -662,15 +689,16 @@ __device__ __forceinline__ void prefetch_l2_bulk(const uint8_t* p, uint32_t nbyt
 // t == 1 (only token 0 exists, so token 1's integer and float work is
 // dropped: 14 % fewer instructions for Q5_K, Nsight Compute). The register kernel keeps kJ = 2: with 1,
 // ptxas spills its Q6_K instance.
-template <class Dec, int S, int kJ>
-__global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q8Args a, int chunk_cols) {
-  constexpr int NT = 1, TT = 8;
+template <class Dec, int S, int kJ, int NT = 1>
+__global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_kernel(Q8Args a, int chunk_cols) {
+  constexpr int TT = 8 * NT, kWarps = Q8StagedCta<NT>::warps;
   constexpr int kStage = kQ8RowsPerWarp * Dec::kUnitBytes;  // one unit of the warp's 16 rows
   static_assert(kQ8RowsPerWarp == kTileRows, "a warp's rows are one row tile");
   static_assert(S >= 2, "at least two stages");
   extern __shared__ uint4 smem_q8[];
   const int pitch = chunk_cols + kQ8XPad;
-  const int XR = a.t < TT ? a.t : TT;
+  const int XR = q8_staged_tokens(a.t, TT);
+  const int tiles = (a.t + 7) / 8 < NT ? (a.t + 7) / 8 : NT;
   const int mblocks = chunk_cols / Dec::kMetaCols;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = lane >> 2, q = lane & 3;
   int8_t* xs = reinterpret_cast<int8_t*>(smem_q8);                                 // [XR][pitch]
@@ -681,7 +709,7 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
   const int blocks = (int)(a.cols / Dec::kMetaCols);
   const int units_per_chunk = chunk_cols / Dec::kUnit;
   const bool one_chunk = units_per_chunk >= units;
-  const int64_t groups = (a.rows + kQ8StagedWarps * kQ8RowsPerWarp - 1) / (kQ8StagedWarps * kQ8RowsPerWarp);
+  const int64_t groups = (a.rows + kWarps * kQ8RowsPerWarp - 1) / (kWarps * kQ8RowsPerWarp);
 
   const int x_lane = (G < XR ? G : XR - 1) * pitch + Dec::kLaneBytes * q;
   const int rec_pitch = q8_rec_pitch(mblocks, Dec::kRec);
@@ -700,7 +728,7 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
   // (device_layout.h; pad rows are zeros).
   const int64_t my_groups = (groups - blockIdx.x + gridDim.x - 1) / gridDim.x;  // >= 1: grid <= groups
   auto tile_src = [&](int64_t n) {
-    const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kQ8StagedWarps + warp) * kQ8RowsPerWarp;
+    const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kWarps + warp) * kQ8RowsPerWarp;
     const int64_t tile = (row0 < a.rows ? row0 : a.rows - 1) / kTileRows;
     return a.w + tile * kTileRows * a.row_bytes + 16 * lane;
   };
@@ -739,10 +767,12 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
   int rd = 0;      // stage read this unit
   int wr = S - 1;  // stage filled this unit
   for (int64_t n = 0; n < my_groups; ++n) {
-    const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kQ8StagedWarps + warp) * kQ8RowsPerWarp;
+    const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kWarps + warp) * kQ8RowsPerWarp;
     float acc_q[NT][4], acc_m[NT][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc_q[0][i] = acc_m[0][i] = 0.0f;
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc_q[nt][i] = acc_m[nt][i] = 0.0f;
     int uc = 0;  // unit within the chunk
     for (int u = 0; u < units; ++u) {
       if (!one_chunk && uc == 0) {
@@ -754,7 +784,7 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
       __syncwarp();            // ... and every lane's; every lane is done with stage wr (the unit before)
       issue_next(wr);
       const int mb = uc * (Dec::kUnit / Dec::kMetaCols);
-      const Q8Smem sm{xs + x_lane + uc * Dec::kUnit, 8 * pitch, ms + rec_lane + mb * Dec::kRec, rec_pitch};
+      const Q8Smem sm{xs + x_lane + uc * Dec::kUnit, 8 * pitch, ms + rec_lane + mb * Dec::kRec, rec_pitch, tiles};
       const int blocks_left = blocks - u * (Dec::kUnit / Dec::kMetaCols);
       typename Dec::Raw r;
       Dec::load_staged(r, ws + rd * kStage, G, q);
@@ -764,11 +794,14 @@ __global__ void __launch_bounds__(kQ8StagedThreads, 1) matvec_q8_staged_kernel(Q
       if (++uc == units_per_chunk) uc = 0;
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int k = 2 * q + (i & 1);
-      const int64_t row = row0 + G + 8 * (i >> 1);
-      if (k < a.t && row < a.rows) a.y[k * a.ldy + row] = Dec::kMins ? acc_q[0][i] - acc_m[0][i] : acc_q[0][i];
-    }
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int k = nt * 8 + 2 * q + (i & 1);
+        const int64_t row = row0 + G + 8 * (i >> 1);
+        if (k < a.t && row < a.rows)
+          a.y[k * a.ldy + row] = Dec::kMins ? q8_kquant45_result(acc_q[nt][i], acc_m[nt][i]) : acc_q[nt][i];
+      }
   }
   cp_async_wait<0>();  // no copy is left in flight at exit (the last ones are empty groups)
 }
@@ -783,13 +816,22 @@ struct Q8Plan {
   int chunk_cols = 0;
   size_t smem_bytes = 0;
 };
-// x_tokens: tokens whose quants are staged (tile_tokens, or t for the staged kernel)
-Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_bytes, int x_tokens);
+// x_tokens: tokens whose quants are staged (tile_tokens, or q8_staged_tokens for the staged
+// kernel); budget: bytes of quants and records before columns are chunked (0: the default, 100 KB)
+Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_bytes, int x_tokens,
+                      size_t budget = 0);
+// The shared memory one CTA may opt in to on the current device.
+size_t q8_smem_optin();
 void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& p, cudaStream_t stream,
                              int threads = kMatvecThreads, int rows_per_cta = kMatvecWarps * kQ8RowsPerWarp);
 // stages of the staged kernel for a (0: use the register kernel); MUSER_Q8_STAGES overrides
 int q8_staged_stages(const Q8Args& a, const Q8Plan& p, int stage_bytes);
 
+// Tokens per matvec_q8 launch for a weight type: 32 for Q4_K and Q5_K (the staged
+// batch kernel), 64 for Q6_K and Q8_0 (the register kernel beyond 32 tokens: on short
+// rows the weight read matters less than the work); MUSER_Q8_TOKEN_TILE=64 gives
+// Q4_K/Q5_K 64 too, for measuring.
+int q8_token_tile(uint32_t type);
 void matvec_q8_q5_k(const Q8Args& a, cudaStream_t stream);
 void matvec_q8_q4_k(const Q8Args& a, cudaStream_t stream);
 void matvec_q8_q6_k(const Q8Args& a, cudaStream_t stream);
@@ -806,15 +848,15 @@ void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
   using Two = std::integral_constant<int, 2>;
   if constexpr (Q8Stageable<Dec>::value) {
     if (a.t <= 8) {
-      const Q8Plan p = plan_matvec_q8(a, 8, Dec::kMetaCols, Dec::kRec, a.t);
-      constexpr int kStage = kQ8StagedWarps * kQ8RowsPerWarp * Dec::kUnitBytes;
+      const Q8Plan p = plan_matvec_q8(a, 8, Dec::kMetaCols, Dec::kRec, q8_staged_tokens(a.t, 8));
+      constexpr int kStage = Q8StagedCta<1>::warps * kQ8RowsPerWarp * Dec::kUnitBytes;
       const int S = q8_staged_stages(a, p, kStage);
       auto staged = [&](auto stages, auto lane_tokens) {
         constexpr int kS = decltype(stages)::value, kJ = decltype(lane_tokens)::value;
         Q8Plan ps = p;
         ps.smem_bytes += (size_t)kS * kStage;
         launch_matvec_q8_kernel(reinterpret_cast<const void*>(&matvec_q8_staged_kernel<Dec, kS, kJ>), a, ps, stream,
-                                kQ8StagedThreads, kQ8StagedWarps * kQ8RowsPerWarp);
+                                Q8StagedCta<1>::threads, Q8StagedCta<1>::warps * kQ8RowsPerWarp);
       };
       auto depth = [&](auto lane_tokens) {  // false: not even two stages fit
         switch (S) {
@@ -825,6 +867,27 @@ void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
         }
       };
       if (a.t == 1 ? depth(One{}) : depth(Two{})) return;
+    } else {
+      // batches: NT tiles per warp, two stages; the quants get what the ring leaves
+      // (chunked columns beyond it), the register kernel when not even that fits
+      auto batch = [&](auto tiles) {
+        constexpr int NT = decltype(tiles)::value;
+        using Cta = Q8StagedCta<NT>;
+        constexpr int kStage = Cta::warps * kQ8RowsPerWarp * Dec::kUnitBytes;
+        const size_t optin = q8_smem_optin();
+        if (optin <= 2 * (size_t)kStage + 16 * 1024) return false;
+        Q8Plan p = plan_matvec_q8(a, 8 * NT, Dec::kMetaCols, Dec::kRec, q8_staged_tokens(a.t, 8 * NT),
+                                  optin - 2 * (size_t)kStage);
+        if (q8_staged_stages(a, p, kStage) < 2) return false;  // does not fit, or MUSER_Q8_STAGES=0
+        p.smem_bytes += 2 * (size_t)kStage;
+        launch_matvec_q8_kernel(reinterpret_cast<const void*>(&matvec_q8_staged_kernel<Dec, 2, 2, NT>), a, p, stream,
+                                Cta::threads, Cta::warps * kQ8RowsPerWarp);
+        return true;
+      };
+      // t > 32 (q8_token_tile: Q8_0, or measuring): the register kernel's 8 tiles, which beat
+      // an 8-warp staged variant (8 tiles need 197 registers a lane): 1,364 against 1,492 us
+      // for 64 tokens of the seed head
+      if (a.t <= 16 ? batch(Two{}) : a.t <= 32 && batch(std::integral_constant<int, 4>{})) return;
     }
   }
   if (a.t <= 8) go(One{});
