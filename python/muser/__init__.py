@@ -13,6 +13,7 @@ from .errors import DeviceError, Error, GGUFError, NonFiniteError, SpecError
 from .compare import BoundedLogitPolicy, CompareResult, compare
 from ._device import DeviceArray
 from .head import Head, HeadSpec, NodeProfile, Scores, TopK
+from ._sampling import Sample
 
 __version__: str = build_info()["version"]
 
@@ -22,6 +23,7 @@ __all__ = [
     "NodeProfile",
     "Scores",
     "TopK",
+    "Sample",
     "DeviceArray",
     "GGUFFile",
     "quantize",
