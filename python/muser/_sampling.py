@@ -12,6 +12,7 @@ import numpy as np
 from . import _core
 
 _U64_LIMIT = 1 << 64
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class Sample(NamedTuple):
@@ -56,7 +57,7 @@ def _bias(logit_bias: Any, V: int) -> Optional[np.ndarray]:
             if not 0 <= tok < V:
                 raise ValueError(f"logit_bias token ids must lie in [0, {V}), got {tok}")
             v = _real(f"logit_bias[{tok}]", val)
-            if not math.isfinite(v) or not math.isfinite(np.float32(v)):
+            if not (math.isfinite(v) and abs(v) <= _F32_MAX):
                 raise ValueError(f"logit_bias values must be finite float32 numbers, got {v} for token {tok}")
             dense[tok] = np.float32(v)
         return dense
@@ -65,7 +66,8 @@ def _bias(logit_bias: Any, V: int) -> Optional[np.ndarray]:
         raise TypeError(f"logit_bias must be a {{token: value}} dict or a float array [V], got dtype {arr.dtype}")
     if arr.shape != (V,):
         raise ValueError(f"logit_bias must have shape ({V},) (V), got {arr.shape}")
-    dense[...] = arr  # rounded to float32 once
+    with np.errstate(over="ignore", invalid="ignore"):
+        dense[...] = arr  # rounded to float32 once; an overflow is caught below
     bad = ~np.isfinite(dense)
     if bad.any():
         i = int(np.argmax(bad))
@@ -132,12 +134,15 @@ def check_positions(positions: Any, t: int, single: bool) -> np.ndarray:
         return np.array([p], np.uint64)
     if isinstance(positions, (Integral, bool)):
         raise ValueError(f"positions for {t} rows must be an int array of shape ({t},), got a single int")
-    arr = np.asarray(positions)
-    if arr.dtype == object and arr.ndim == 1 and all(isinstance(v, Integral) and not isinstance(v, bool)
-                                                     for v in arr):
-        if any(not 0 <= int(v) < _U64_LIMIT for v in arr):
-            raise ValueError("positions must be in [0, 2^64)")
-        arr = np.array([int(v) for v in arr], np.uint64)
+    if isinstance(positions, (list, tuple)):  # Python ints: numpy would mix int64 and uint64 into float64
+        for v in positions:
+            if isinstance(v, bool) or not isinstance(v, Integral):
+                raise TypeError(f"positions must be integers, got {type(v).__name__}")
+            if not 0 <= int(v) < _U64_LIMIT:
+                raise ValueError(f"positions must be in [0, 2^64), got {v}")
+        arr = np.array([int(v) for v in positions], np.uint64)
+    else:
+        arr = np.asarray(positions)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"positions must be integers, got dtype {arr.dtype}")
     if arr.shape != (t,):
