@@ -43,6 +43,8 @@ struct SampleResult {
 MUSER_HD bool sample_before(float za, int32_t a, float zb, int32_t b) { return za > zb || (za == zb && a < b); }
 
 // The exponential race's clock of one token: E = -log u, u the token's uniform.
+// canon_log's reduction holds below 1 as well (every positive normal float);
+// tests/cpp/test_philox.cpp checks it on every u this can give.
 MUSER_HD float sample_exponential(uint64_t seed, uint64_t position, int32_t token) {
   return -canon_log(philox_uniform(philox_token_bits(seed, position, (uint32_t)token)));
 }
