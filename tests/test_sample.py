@@ -171,6 +171,33 @@ def test_the_many_positions_entry_draws_what_the_batch_entry_draws():
     np.testing.assert_array_equal(many, batch)
 
 
+def test_threads_and_batch_never_change_a_draw_on_a_large_vocabulary(rng):
+    """One row splits its tiles and its race over the threads; a batch runs rows apart: the same bits."""
+    V = 70_001  # several race chunks and logsumexp tiles
+    x = (rng.standard_normal((3, V)) * 3).astype(np.float32)
+    pos = np.array([5, 2**40 + 3, 77], np.uint64)
+    for kw in (dict(), dict(temperature=0.6, top_p=0.9), dict(top_k=1000, min_p=0.01)):
+        a = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+        a.update(kw)
+        args = (a["temperature"], a["top_k"], np.float32(a["top_p"]), np.float32(a["min_p"]), None, None)
+        batch = _core.sample_rows(x, pos, 9, *args, 2)
+        for r in range(3):
+            for threads in (1, 2):
+                one = _core.sample_rows(x[r:r + 1].copy(), pos[r:r + 1], 9, *args, threads)
+                for f_one, f_batch in zip(one, batch):
+                    assert np.asarray(f_one)[0].tobytes() == np.asarray(f_batch)[r].tobytes(), (kw, r, threads)
+
+
+def test_untouched_distribution_is_the_raw_one(small_head_path, rng):
+    """temperature 1 and no filter: the processed log-probabilities are the raw ones, bit for bit, mass 1."""
+    head = muser.Head.load(small_head_path, route="canonical")
+    x = hidden_states(rng, 4, 256)
+    for kw in (dict(), dict(top_k=3001), dict(allowed=np.ones(3001, bool)), dict(logit_bias={5: 0.0})):
+        s = head.sample(x, seed=3, positions=np.arange(4), **kw)
+        np.testing.assert_array_equal(bits(s.processed_logprobs), bits(s.logprobs))
+        np.testing.assert_array_equal(s.kept_mass, 1.0)
+
+
 def test_ties_go_to_the_lower_id_in_top_k_top_p_and_greedy():
     x = np.array([0.0, 1.0, 1.0, 1.0, -2.0], np.float32)
     pos = np.arange(2000, dtype=np.uint64)

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "muser/philox.h"
@@ -66,7 +67,7 @@ TEST(Philox, UniformIsExactAndTheClockWithinTwoUlpOnEveryValue) {
   EXPECT_LE(worst, 2.0);
 }
 
-struct StdSorter {
+struct StdSteps : SampleSerialSteps {
   void prefix(int32_t* order, int count, int k, const float* z) const {
     std::partial_sort(order, order + k, order + count,
                       [z](int32_t a, int32_t b) { return sample_before(z[a], a, z[b], b); });
@@ -80,7 +81,7 @@ struct Row {
   explicit Row(int n) : z(n), raw(n), order(n), tiles(n / kLseTile + 2) {}
   SampleResult run(const std::vector<float>& x, SampleParams p, uint64_t pos, const float* bias = nullptr,
                    const uint8_t* allowed = nullptr) {
-    StdSorter s;
+    StdSteps s;
     const int n = (int)x.size();
     const LsePair pair = sample_row_pair(x.data(), n, tiles.data());
     return sample_row(x.data(), bias, allowed, n, lse_value(pair), p, pos, z.data(), raw.data(), order.data(),
@@ -122,6 +123,35 @@ TEST(SampleRow, NonFiniteLogitsAreReportedAndMinusInfinityStaysOut) {
   for (uint64_t pos = 0; pos < 200; ++pos)
     EXPECT_NE(row.run({0.0f, -inf, 0.0f}, SampleParams{1.0f, 0, 1.0f, 0.0f, 1}, pos).token, 1);
   EXPECT_EQ(row.run({-inf, -inf, -inf}, SampleParams{1.0f, 0, 1.0f, 0.0f, 1}, 0).status, kSampleEmpty);
+}
+
+// The race's pruning only skips tokens that cannot win: on rows of every
+// spread, its winner is the brute-force argmax of e^(z - m) / E (ties to the
+// lower id) at every position.
+TEST(SampleRace, PruningNeverChangesTheWinner) {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal;
+  for (float spread : {0.01f, 1.0f, 4.0f, 30.0f}) {
+    std::vector<float> z(3000);
+    for (float& v : z) v = normal(gen) * spread;
+    z[17] = -std::numeric_limits<float>::infinity();
+    int32_t top = 0;
+    for (int32_t i = 1; i < 3000; ++i) top = z[i] > z[top] ? i : top;
+    const float m = z[top];
+    for (uint64_t pos = 0; pos < 300; ++pos) {
+      int32_t want = -1;
+      float best = -1.0f;
+      for (int32_t i = 0; i < 3000; ++i) {
+        if (i == 17) continue;
+        const float key = sample_race_key(z[i], m, 11, pos, i);
+        if (key > best) {
+          best = key;
+          want = i;
+        }
+      }
+      ASSERT_EQ(sample_race(z.data(), 3000, m, 11, pos, top), want) << "spread " << spread << " position " << pos;
+    }
+  }
 }
 
 }  // namespace
