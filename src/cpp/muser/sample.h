@@ -142,7 +142,6 @@ struct RaceEntry {
   float key;
   int32_t token;
 };
-MUSER_HD RaceEntry race_none() { return RaceEntry{-1.0f, -1}; }
 // a beats b: a larger key, or an equal one with a lower id (a total order, so
 // ranges raced apart and merged give the one winner of the whole race)
 MUSER_HD bool race_beats(RaceEntry a, RaceEntry b) {
