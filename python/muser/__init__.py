@@ -15,6 +15,7 @@ from .lens import LensResult, lens
 from .requantize import requantize
 from ._device import DeviceArray
 from .head import Head, HeadSpec, NodeProfile, Scores, TopK
+from ._sampling import Sample
 
 __version__: str = build_info()["version"]
 
@@ -24,6 +25,7 @@ __all__ = [
     "NodeProfile",
     "Scores",
     "TopK",
+    "Sample",
     "DeviceArray",
     "GGUFFile",
     "quantize",

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union, overload
 
 import numpy as np
 
-from . import _core, _device
+from . import _core, _device, _sampling
+from ._sampling import Sample
 
 if TYPE_CHECKING:  # the shapes the overloads tell apart (numpy >= 2 types an array's shape)
     from typing import Literal
@@ -548,6 +549,30 @@ class Head:
         if single and ids.ndim == 0:
             return Scores(float(lp), float(vals), int(ranks), float(lse[0]))
         return Scores(lp, vals, ranks, float(lse[0]) if single else lse)
+
+    def sample(self, hidden: Any, *, seed: Optional[int] = None, positions: Any = None, temperature: float = 1.0,
+               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, logit_bias: Any = None,
+               allowed: Any = None, check_finite: bool = True) -> Sample:
+        """One token per row, drawn reproducibly: ``Sample(tokens, logprobs, processed_logprobs,
+        kept_mass)`` (an int and floats for ``[H]``, arrays ``[t]`` for ``[t, H]``).
+
+        The processed distribution (docs/numerics.md, "Sampling"): ``logit_bias`` (a
+        ``{token: value}`` dict or float ``[V]``, added in float32) and ``allowed`` (bool ``[V]``)
+        first, then ``temperature`` (0: greedy, the argmax of the biased, allowed logits), then
+        ``top_k`` (0: off), ``top_p`` (1: off) and ``min_p`` (0: off), each over the previous
+        step's kept set, then renormalized. ``seed`` (``[0, 2^64)``) and ``positions`` (an int for
+        one row, int ``[t]`` for a batch: the rows' sequence positions) are required when
+        ``temperature > 0``: the token depends only on the row's logits, the seed and its
+        position (a Philox4x32-10 uniform per (seed, position, token id)), never on the batch.
+        ``logprobs`` are those of :meth:`score` (the raw capped logits), ``processed_logprobs``
+        those of the processed distribution, ``kept_mass`` the kept set's raw probability.
+        """
+        p = _sampling.check_params(self._spec.vocab_size, seed=seed, positions=positions,
+                                   temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                   logit_bias=logit_bias, allowed=allowed)
+        logits, single = self._host_logits(hidden, check_finite)
+        pos = _sampling.check_positions(positions, logits.shape[0], single)
+        return _sampling.sample_logits(logits, single, p, pos, self._threads)
 
     def profile(self, hidden: Any, *, check_finite: bool = True) -> list[NodeProfile]:
         """Run once and report each kernel's time and bytes under the labels of its nodes.

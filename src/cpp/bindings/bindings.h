@@ -44,4 +44,5 @@ void bind_cpu(nanobind::module_& m);    // bind_cpu.cpp: read bandwidth, q8 kern
 void bind_device(nanobind::module_& m);  // bind_device.cpp: resident logits, top-k on the device (Device abilities)
 void bind_metal(nanobind::module_& m);   // bind_metal.cpp: the Metal backend's test hooks
 void bind_cuda(nanobind::module_& m);    // bind_cuda.cpp: the CUDA backend helpers (count, bandwidth, memory)
+void bind_sample(nanobind::module_& m);  // bind_sample.cpp: seeded sampling, the Philox generator
 }  // namespace muser::py

@@ -48,4 +48,5 @@ NB_MODULE(_core, m) {
   muser::py::bind_device(m);
   muser::py::bind_cuda(m);
   muser::py::bind_metal(m);
+  muser::py::bind_sample(m);
 }

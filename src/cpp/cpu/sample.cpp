@@ -1,0 +1,110 @@
+// Seeded sampling on the CPU (docs/numerics.md, "Sampling"): each row runs
+// muser/sample.h's sample_row with its own scratch. A batch of at least as
+// many rows as threads runs rows in parallel; fewer rows split each row's
+// tiles (the canonical pairs) and its race over the threads. Either way the
+// bits are those of the serial row: rows are independent, the tile tree is
+// fixed and race_beats is a total order.
+#include "cpu/sample.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "cpu/parallel.h"
+
+namespace muser::cpu {
+namespace {
+
+constexpr int64_t kRaceChunk = 16384;  // ids per parallel piece of one race
+
+// sample_row's Steps on the CPU: the kept-set order by nth_element and sort;
+// pairs and the race over `threads` (1: SampleSerialSteps' serial forms).
+struct CpuSteps {
+  int threads;
+
+  void prefix(int32_t* order, int count, int k, const float* z) const {
+    const auto before = [z](int32_t a, int32_t b) { return sample_before(z[a], a, z[b], b); };
+    if (k < count) std::nth_element(order, order + k, order + count, before);  // O(count), then the prefix
+    std::sort(order, order + k, before);
+  }
+  LsePair pair(const float* z, int n, LsePair* tiles) const {
+    if (threads <= 1) return SampleSerialSteps{}.pair(z, n, tiles);
+    const int count = sample_tile_count(n);
+    parallel_for(count, 8, threads, [&](int64_t a, int64_t b) {
+      for (int64_t k = a; k < b; ++k) tiles[k] = sample_tile_pair(z, n, (int)k);
+    });
+    return lse_tree(tiles, count);
+  }
+  int32_t race(const float* z, int n, float m, uint64_t seed, uint64_t position, int32_t top) const {
+    if (threads <= 1) return SampleSerialSteps{}.race(z, n, m, seed, position, top);
+    const RaceEntry first{sample_race_key(z[top], m, seed, position, top), top};
+    const int64_t chunks = (n + kRaceChunk - 1) / kRaceChunk;
+    std::vector<RaceEntry> best((size_t)chunks, first);
+    parallel_for(chunks, 1, threads, [&](int64_t a, int64_t b) {
+      for (int64_t c = a; c < b; ++c) {
+        const int i0 = (int)(c * kRaceChunk), i1 = (int)std::min<int64_t>(n, (c + 1) * kRaceChunk);
+        best[(size_t)c] = sample_race_range(z, i0, i1, m, seed, position, first);
+      }
+    });
+    RaceEntry winner = first;
+    for (const RaceEntry& e : best)
+      if (race_beats(e, winner)) winner = e;
+    return winner.token;
+  }
+};
+
+// Per-row scratch: z, the raw mask row, the order, the tile pairs.
+struct Scratch {
+  std::vector<float> z, raw;
+  std::vector<int32_t> order;
+  std::vector<LsePair> tiles;
+  explicit Scratch(int64_t V)
+      : z((size_t)V), raw((size_t)V), order((size_t)V), tiles((size_t)sample_tile_count((int)V) + 1) {}
+};
+
+SampleResult run_row(const float* x, int64_t V, float lse, const float* bias, const uint8_t* allowed,
+                     SampleParams params, uint64_t position, Scratch& s, CpuSteps& ops) {
+  return sample_row(x, bias, allowed, (int)V, lse, params, position, s.z.data(), s.raw.data(), s.order.data(),
+                    s.tiles.data(), ops);
+}
+
+}  // namespace
+
+void sample_rows(const float* logits, int t, int64_t V, const float* lse, const float* bias, const uint8_t* allowed,
+                 SampleParams params, const uint64_t* positions, int threads, SampleResult* out) {
+  if (t >= threads || threads <= 1) {
+    parallel_for(t, 1, threads, [&](int64_t a, int64_t b) {
+      Scratch s(V);
+      CpuSteps ops{1};
+      for (int64_t r = a; r < b; ++r)
+        out[r] = run_row(logits + r * V, V, lse[r], bias, allowed, params, positions[r], s, ops);
+    });
+    return;
+  }
+  Scratch s(V);
+  CpuSteps ops{threads};
+  for (int r = 0; r < t; ++r)
+    out[r] = run_row(logits + (int64_t)r * V, V, lse[r], bias, allowed, params, positions[r], s, ops);
+}
+
+SampleResult sample_positions(const float* logits, int64_t V, float lse, const float* bias, const uint8_t* allowed,
+                              SampleParams params, const uint64_t* positions, int64_t n, int threads,
+                              int64_t* tokens) {
+  Scratch s(V);
+  CpuSteps ops{1};
+  const SampleResult first = run_row(logits, V, lse, bias, allowed, params, positions[0], s, ops);
+  if (first.status != kSampleOk) return first;
+  if (!(params.temperature > 0.0f)) {
+    std::fill(tokens, tokens + n, (int64_t)first.token);
+    return first;
+  }
+  // z now holds the kept set (-inf elsewhere); race it again at every position
+  int32_t top = 0;
+  for (int32_t i = 1; i < (int32_t)V; ++i) top = s.z[(size_t)i] > s.z[(size_t)top] ? i : top;
+  const float m = s.z[(size_t)top];
+  parallel_for(n, 1024, threads, [&](int64_t a, int64_t b) {
+    for (int64_t j = a; j < b; ++j) tokens[j] = sample_race(s.z.data(), (int)V, m, params.seed, positions[j], top);
+  });
+  return first;
+}
+
+}  // namespace muser::cpu

@@ -1,0 +1,316 @@
+// Seeded sampling of one row of logits (docs/numerics.md, "Sampling"): the
+// processed logits z (logit_bias, allowed, temperature), the kept set (top_k,
+// top_p, min_p, in that order, each over the previous one's survivors), and
+// the exponential race that draws a token from the kept set with Philox
+// uniforms keyed by (seed, position, token id). Every sum is the canonical
+// logsumexp of muser/logsumexp.h, every exp and log the canonical one, so the
+// token and its log-probabilities depend on nothing but the row, the seed and
+// the position: not on the batch, the thread count or the backend.
+//
+// A dropped token has z = -inf (it then adds nothing to a logsumexp). The one
+// step that needs an order (top_k, top_p: descending z, ties to the lower id)
+// is the caller's: sample_row takes a Steps policy (ops.prefix sorts, ops.pair
+// and ops.race may split their work over threads; SampleSerialSteps holds the
+// serial pair and race), so the CPU sorts with the standard library and a
+// device kernel with its own sort. Any correct sort gives the same order (the
+// order is total), and pairs and races split by tiles or ranges give the bits
+// of the serial ones (the fixed tile tree; race_beats is a total order).
+#pragma once
+#include "logsumexp.h"
+#include "philox.h"
+
+namespace muser {
+
+// What one draw is asked to do (host values, rounded to float32 once).
+struct SampleParams {
+  float temperature;  // 0: greedy; > 0: z = (logit + bias) / temperature
+  int32_t top_k;      // 0: off; else keep the top_k largest z
+  float top_p;        // 1: off; else the smallest prefix of the order reaching top_p of the mass
+  float min_p;        // 0: off; else keep e^(z - z_max) >= min_p
+  uint64_t seed;
+};
+
+// The result of one row; status != kSampleOk names what went wrong at `token`.
+MUSER_CONSTANT constexpr int32_t kSampleOk = 0;
+MUSER_CONSTANT constexpr int32_t kSampleNonFinite = 1;  // z[token] is NaN or +-inf from a finite or NaN logit
+MUSER_CONSTANT constexpr int32_t kSampleEmpty = 2;      // no token left with a finite z
+struct SampleResult {
+  int32_t status;
+  int32_t token;
+  float logprob;            // logit[token] - logsumexp(logits): equal to score's
+  float processed_logprob;  // z[token] - logsumexp(z over the kept set)
+  float kept_mass;          // e^(logsumexp(logits over the kept set) - logsumexp(logits))
+};
+
+// True when token a comes before token b in the kept-set order.
+MUSER_HD bool sample_before(float za, int32_t a, float zb, int32_t b) { return za > zb || (za == zb && a < b); }
+
+// The exponential race's clock of one token: E = -log u, u the token's uniform.
+// canon_log's reduction holds below 1 as well (every positive normal float);
+// tests/cpp/test_philox.cpp checks it on every u this can give.
+MUSER_HD float sample_exponential(uint64_t seed, uint64_t position, int32_t token) {
+  return -canon_log(philox_uniform(philox_token_bits(seed, position, (uint32_t)token)));
+}
+
+// The canonical (max, sum) pair of a row of n values (muser/logsumexp.h:
+// tiles, lanes, the trees); `tiles` holds ceil(n / kLseTile) pairs.
+MUSER_HD int sample_tile_count(int n) { return (n + kLseTile - 1) / kLseTile; }
+template <class PZ>
+MUSER_HD LsePair sample_tile_pair(PZ z, int n, int k) {
+  const int i0 = k * kLseTile;
+  return lse_tile(z + i0, n - i0 < kLseTile ? n - i0 : kLseTile);
+}
+template <class PZ, class PT>
+MUSER_HD LsePair sample_row_pair(PZ z, int n, PT tiles) {
+  const int count = sample_tile_count(n);
+  for (int k = 0; k < count; ++k) tiles[k] = sample_tile_pair(z, n, k);
+  return lse_tree(tiles, count);
+}
+
+// What the steps did to the row, so that later steps can skip work whose
+// result is known exactly: z is x itself (temperature 1, no bias), and
+// whether a token with a logit above -inf was dropped.
+struct SampleShape {
+  int32_t status;  // kSampleOk, or what went wrong at `top`
+  int32_t top;     // the first largest z: first in the kept-set order, kept by every step
+  bool z_is_x;
+  bool dropped;
+};
+
+// Step 1: z[i] = (x[i] + bias[i]) / temperature for allowed tokens, -inf for
+// the others; a -inf logit stays out. At temperature 0, z = x + bias (greedy
+// takes its argmax). bias and allowed may be null. status: kSampleOk, or
+// kSampleNonFinite at the first token whose z is NaN or +-inf (from a NaN or
+// +inf logit, or a division that overflows), or kSampleEmpty.
+template <class PX, class PB, class PA, class PZ>
+MUSER_HD SampleShape sample_processed(PX x, PB bias, PA allowed, int n, float temperature, PZ z) {
+  SampleShape sh{kSampleEmpty, -1, true, false};
+  const float neg_inf = lse_neg_inf();
+  float best = neg_inf;
+  for (int i = 0; i < n; ++i) {
+    float v = neg_inf;
+    if (!allowed || allowed[i]) {
+      v = bias ? x[i] + bias[i] : x[i];
+      bool finite = v - v == 0.0f;  // false for NaN and +-inf
+      if (finite && temperature > 0.0f) {
+        v = v / temperature;
+        finite = v - v == 0.0f;  // a tiny temperature can overflow
+      } else if (v == neg_inf) {
+        finite = true;  // a -inf logit is a token of probability 0: it stays out
+      }
+      if (!finite) {
+        sh.status = kSampleNonFinite;
+        sh.top = i;
+        return sh;
+      }
+    } else {
+      sh.dropped = sh.dropped || x[i] != neg_inf;
+    }
+    z[i] = v;
+    sh.z_is_x = sh.z_is_x && f32_to_bits(v) == f32_to_bits(x[i]);  // bits: -0 + 0 is +0
+    if (v > best) {
+      best = v;
+      sh.top = i;
+    }
+  }
+  if (sh.top >= 0) sh.status = kSampleOk;
+  return sh;
+}
+
+// The top_p cut: over the first n tokens of `order` (already in the kept-set
+// order), how many the smallest prefix whose running sum of e^(z - m) reaches
+// top_p * s takes (s: the kept set's canonical sum; the running sum adds in
+// order, one rounding per term). All n when rounding keeps it from reaching.
+template <class PZ, class PO>
+MUSER_HD int sample_top_p_count(PZ z, PO order, int n, float m, float s, float top_p) {
+  const float target = top_p * s;
+  float c = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    c = c + canon_exp_nonpos(z[order[j]] - m);
+    if (c >= target) return j + 1;
+  }
+  return n;
+}
+
+// A kept token's entry in the race: its weight e^(z - m) over its clock.
+MUSER_HD float sample_race_key(float z, float m, uint64_t seed, uint64_t position, int32_t token) {
+  return canon_exp_nonpos(z - m) / sample_exponential(seed, position, token);
+}
+
+// The race's standing: the best key so far and its token (-1: none yet).
+struct RaceEntry {
+  float key;
+  int32_t token;
+};
+// a beats b: a larger key, or an equal one with a lower id (a total order, so
+// ranges raced apart and merged give the one winner of the whole race)
+MUSER_HD bool race_beats(RaceEntry a, RaceEntry b) {
+  return a.key > b.key || (a.key == b.key && a.token >= 0 && (b.token < 0 || a.token < b.token));
+}
+
+// Pruning bounds (they only skip work: a skipped token's key is provably
+// below the standing best, so the winner is the same as without them).
+// No clock is below 2^-24 (u <= 1 - 2^-24, -log u > 1 - u), so a token with
+// e^(z - m) < best * 2^-24 cannot win; 1e-3 in the log covers the rounding
+// of canon_exp, canon_log and the division many times over.
+MUSER_CONSTANT constexpr float kRaceClockFloor = 5.9604644775390625e-08f;  // 2^-24
+MUSER_CONSTANT constexpr float kRaceLogMargin = 1e-3f;
+MUSER_HD float race_z_floor(float best_key) {
+  const float b = best_key * kRaceClockFloor;
+  return b >= 1.17549435e-38f ? canon_log(b) - kRaceLogMargin : lse_neg_inf();  // normal floats only
+}
+
+// The race over the ids [i0, i1), from the standing `best`: the kept token
+// with the largest e^(z - m) / E (E its exponential clock) wins, ties to the
+// lower id. A token of weight w needs E < w / best = r to win; as
+// E >= (1 - u)(1 - 2^-20), u < 1 - 4r rules that out without the log (the
+// factor 4 also covers the rounding of 1 - 4r and clocks below 2^-24 r).
+template <class PZ>
+MUSER_HD RaceEntry sample_race_range(PZ z, int i0, int i1, float m, uint64_t seed, uint64_t position,
+                                     RaceEntry best) {
+  const float neg_inf = lse_neg_inf();
+  float z_floor = race_z_floor(best.key);
+  for (int i = i0; i < i1; ++i) {
+    const float d = z[i] - m;
+    if (z[i] == neg_inf || d < z_floor) continue;
+    const float w = canon_exp_nonpos(d);
+    if (best.key > 0.0f) {
+      const float r = w / best.key;
+      if (r < 0.125f && philox_uniform(philox_token_bits(seed, position, (uint32_t)i)) < 1.0f - 4.0f * r) continue;
+    }
+    const RaceEntry e{w / sample_exponential(seed, position, i), i};
+    if (race_beats(e, best)) {
+      best = e;
+      z_floor = race_z_floor(best.key);
+    }
+  }
+  return best;
+}
+
+// The whole race, serially, standing first on the top token (the best guess
+// at the winner, so the bounds prune from the start); returns the winner.
+template <class PZ>
+MUSER_HD int32_t sample_race(PZ z, int n, float m, uint64_t seed, uint64_t position, int32_t top) {
+  const RaceEntry first{sample_race_key(z[top], m, seed, position, top), top};
+  return sample_race_range(z, 0, n, m, seed, position, first).token;
+}
+
+// The serial forms of the steps a backend may run in parallel (the policy
+// sample_row takes: ops.pair, ops.race, and ops.prefix, the sort).
+struct SampleSerialSteps {
+  template <class PZ, class PT>
+  MUSER_HD LsePair pair(PZ z, int n, PT tiles) const {
+    return sample_row_pair(z, n, tiles);
+  }
+  template <class PZ>
+  MUSER_HD int32_t race(PZ z, int n, float m, uint64_t seed, uint64_t position, int32_t top) const {
+    return sample_race(z, n, m, seed, position, top);
+  }
+};
+
+// The kept set's largest z and logsumexp: the race's m, the processed
+// distribution's normalizer.
+struct KeptSet {
+  float m;
+  float lse;
+};
+
+// Steps 3-5 on z (written by sample_processed, which gave `sh`): drops
+// tokens to -inf for top_k, top_p, min_p (sh.dropped records it). `order`
+// has room for n ids, `tiles` for ceil(n / kLseTile) pairs;
+// ops.prefix(order, count, k, z) must leave in order[0, k) the k first of
+// the `count` ids in order[0, count) in the kept-set order (sample_before).
+// row_lse: the logits' canonical logsumexp, which is the kept set's when z
+// is x and nothing was dropped (the same pair of the same row).
+template <class PZ, class PO, class PT, class Steps>
+MUSER_HD KeptSet sample_kept_set(PZ z, int n, SampleParams p, float row_lse, MUSER_THREAD SampleShape& sh, PO order,
+                                 PT tiles, MUSER_THREAD Steps& ops) {
+  const float neg_inf = lse_neg_inf();
+  const float m = z[sh.top];
+  const bool by_rank = p.top_k > 0 || p.top_p < 1.0f;
+  int count = 0;
+  if (by_rank)
+    for (int i = 0; i < n; ++i)
+      if (z[i] != neg_inf) order[count++] = i;
+  const bool top_k_cuts = p.top_k > 0 && p.top_k < count;
+  if (top_k_cuts) {
+    ops.prefix(order, count, p.top_k, z);
+    for (int j = p.top_k; j < count; ++j) z[order[j]] = neg_inf;
+    count = p.top_k;
+    sh.dropped = true;
+  }
+  if (p.top_p < 1.0f) {
+    const LsePair kept = ops.pair(z, n, tiles);  // kept.m == m
+    // sort a growing prefix until its mass reaches top_p: a short prefix when
+    // the distribution is peaked, the whole set at worst
+    int sorted = top_k_cuts ? count : 0;  // top_k sorted its survivors
+    int cut = count;
+    // every weight is <= 1, so the prefix holds about top_p * s tokens or more: start
+    // there (any start finds the same cut: the first prefix reaching, in a sorted prefix)
+    const float at_least = kept.s * p.top_p;
+    int want = at_least < 64.0f ? 64 : at_least < (float)count ? (int)at_least + 1 : count;
+    for (;; want = want > count / 4 ? count : want * 4) {
+      const int k = want < count ? want : count;
+      if (k > sorted) {
+        ops.prefix(order, count, k, z);
+        sorted = k;
+      }
+      cut = sample_top_p_count(z, order, k, kept.m, kept.s, p.top_p);
+      if (cut < k || k == count) break;
+    }
+    for (int j = cut; j < count; ++j) z[order[j]] = neg_inf;
+    sh.dropped = sh.dropped || cut < count;
+  }
+  if (p.min_p > 0.0f)  // e^(z - max) = p / p_max: the normalization cancels
+    for (int i = 0; i < n; ++i)
+      if (z[i] != neg_inf && canon_exp_nonpos(z[i] - m) < p.min_p) {
+        z[i] = neg_inf;
+        sh.dropped = true;
+      }
+  if (sh.z_is_x && !sh.dropped) return KeptSet{m, row_lse};
+  return KeptSet{m, lse_value(ops.pair(z, n, tiles))};
+}
+
+// The raw side of a draw: logprob of r.token against the row's logsumexp
+// lse (computed as score computes it), and the raw mass of the kept set (the
+// tokens with z > -inf) through `raw` (scratch for n floats). The shortcuts
+// give the bits of the full computation: nothing dropped, the kept row is the
+// row (mass 1); one kept token, its pair is (x, 1) and its logsumexp x.
+template <class PX, class PZ, class PR, class PT, class Steps>
+MUSER_HD void sample_raw_side(PX x, PZ z, int n, float lse, bool dropped, bool one_kept, PR raw, PT tiles,
+                              MUSER_THREAD Steps& ops, MUSER_THREAD SampleResult& r) {
+  float kept_lse = lse;
+  if (one_kept) {
+    kept_lse = x[r.token];
+  } else if (dropped) {
+    const float neg_inf = lse_neg_inf();
+    for (int i = 0; i < n; ++i) raw[i] = z[i] == neg_inf ? neg_inf : x[i];
+    kept_lse = lse_value(ops.pair(raw, n, tiles));
+  }
+  const float d = kept_lse - lse;
+  r.logprob = x[r.token] - lse;
+  r.kept_mass = canon_exp_nonpos(d < 0.0f ? d : 0.0f);
+}
+
+// One row, start to end. x: the n capped logits; lse: their canonical
+// logsumexp; z, raw: scratch for n floats; order: n ids; tiles: ceil(n /
+// kLseTile) pairs; ops: the Steps policy (above).
+template <class PX, class PB, class PA, class PZ, class PR, class PO, class PT, class Steps>
+MUSER_HD SampleResult sample_row(PX x, PB bias, PA allowed, int n, float lse, SampleParams p, uint64_t position,
+                                 PZ z, PR raw, PO order, PT tiles, MUSER_THREAD Steps& ops) {
+  SampleShape sh = sample_processed(x, bias, allowed, n, p.temperature, z);
+  SampleResult r{sh.status, sh.top, 0.0f, 0.0f, 0.0f};
+  if (sh.status != kSampleOk) return r;
+  if (p.temperature > 0.0f) {
+    const KeptSet kept = sample_kept_set(z, n, p, lse, sh, order, tiles, ops);
+    r.token = ops.race(z, n, kept.m, p.seed, position, sh.top);
+    r.processed_logprob = z[r.token] - kept.lse;
+    sample_raw_side(x, z, n, lse, sh.dropped, false, raw, tiles, ops, r);
+  } else {  // greedy: the kept set is the top token alone (z is left as step 1 wrote it)
+    r.processed_logprob = 0.0f;
+    sample_raw_side(x, z, n, lse, true, true, raw, tiles, ops, r);
+  }
+  return r;
+}
+
+}  // namespace muser
