@@ -116,3 +116,15 @@ def test_log_softmax_on_the_gpu_equals_the_cpu(files, route, acts):
     np.testing.assert_array_equal(bits(gpu.log_softmax(x[2])), bits(want[2]))
     top = gpu.topk(x, 3, logprobs=True)
     np.testing.assert_array_equal(bits(top.logprobs), bits(np.take_along_axis(want, top.indices, 1)))
+
+
+def test_sample_on_the_canonical_route_draws_the_cpus_tokens(files):
+    path = files("Q5_K", 5003)
+    cpu = muser.Head.load(path, route="canonical")
+    gpu = muser.Head.load(path, device="cuda", route="canonical")
+    x = hidden_states(256, 6, seed=4)
+    pos = np.arange(100, 106)
+    for kw in ({}, {"temperature": 0.7, "top_p": 0.9}, {"top_k": 20, "min_p": 0.05}):
+        want, got = cpu.sample(x, seed=7, positions=pos, **kw), gpu.sample(x, seed=7, positions=pos, **kw)
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        np.testing.assert_array_equal(bits(got.logprobs), bits(want.logprobs))

@@ -209,6 +209,17 @@ def test_consumer_reductions_on_metal_equal_cpu_on_the_canonical_route(head_file
     assert_bitwise(gpu.log_softmax(x), cpu.log_softmax(x), "log_softmax")
 
 
+def test_sample_on_metal_draws_the_cpus_tokens_on_the_canonical_route(head_file):
+    path = head_file("Q5_K")
+    cpu = muser.Head.load(path, device="cpu", route="canonical")
+    gpu = muser.Head.load(path, device="metal", route="canonical")
+    x = hidden_states(SHAPES["Q5_K"], 5, seed=8)
+    for kw in ({}, {"temperature": 0.7, "top_p": 0.9}):
+        want = cpu.sample(x, seed=11, positions=np.arange(5), **kw)
+        got = gpu.sample(x, seed=11, positions=np.arange(5), **kw)
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+
+
 def test_pipeline_cache_reused_across_calls(head_file):
     gpu = muser.Head.load(head_file("Q5_K"), device="metal", route="graph")
     x = hidden_states(SHAPES["Q5_K"], 2)
