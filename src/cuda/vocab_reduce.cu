@@ -40,12 +40,39 @@ __global__ void lse_tiles_kernel(const float* y, int64_t ld, int64_t n, int64_t 
   if (lane == 0) pairs[k * tiles_total + tile0 + blockIdx.x] = p;
 }
 
-// one thread per token: the tiles' fixed tree, in place, then m + log(s)
+// one thread per token: the tiles' fixed tree, in place, then m + log(s) (rows whose
+// tiles do not fit shared memory)
 __global__ void lse_finish_kernel(LsePair* pairs, int64_t tiles, int t, float* lse) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= t) return;
   lse[k] = lse_value(lse_tree(pairs + (int64_t)k * tiles, (int)tiles));
 }
+
+// one CTA per token: lse_tree's levels with each level's merges in parallel, from
+// shared memory (the same merges of the same pairs: pairs 2i, 2i + 1, an odd last
+// one carried up), so the bits are lse_tree's
+constexpr int kFinishThreads = 128;
+__global__ void lse_finish_shared_kernel(const LsePair* pairs, int tiles, float* lse) {
+  extern __shared__ LsePair buf[];  // two levels: [0, tiles) and [tiles, 2 tiles)
+  const int64_t k = blockIdx.x;
+  LsePair* a = buf;
+  LsePair* b = buf + tiles;
+  for (int i = threadIdx.x; i < tiles; i += blockDim.x) a[i] = pairs[k * tiles + i];
+  __syncthreads();
+  int n = tiles;
+  while (n > 1) {
+    const int half = n / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) b[i] = lse_merge(a[2 * i], a[2 * i + 1]);
+    if (n % 2 && threadIdx.x == 0) b[half] = a[n - 1];
+    __syncthreads();
+    LsePair* swap = a;
+    a = b;
+    b = swap;
+    n = half + n % 2;
+  }
+  if (threadIdx.x == 0) lse[k] = lse_value(n == 1 ? a[0] : lse_empty());
+}
+constexpr int kFinishSharedMaxTiles = 48 * 1024 / (2 * (int)sizeof(LsePair));
 
 // grid (tiles of the chunk, t): each CTA counts, for each of token k's m chosen
 // ids, the ids of its tile ranked ahead (r0: the chunk's first id)
@@ -125,7 +152,12 @@ void lse_tiles(const float* y, int64_t ld, int64_t n, int t, int64_t tile0, int6
 }
 
 void lse_finish(void* pairs, int64_t tiles, int t, float* lse, cudaStream_t stream) {
-  lse_finish_kernel<<<(t + 127) / 128, 128, 0, stream>>>(static_cast<LsePair*>(pairs), tiles, t, lse);
+  if (tiles <= kFinishSharedMaxTiles) {
+    lse_finish_shared_kernel<<<(unsigned)t, kFinishThreads, 2 * (size_t)tiles * sizeof(LsePair), stream>>>(
+        static_cast<const LsePair*>(pairs), (int)tiles, lse);
+  } else {
+    lse_finish_kernel<<<(t + 127) / 128, 128, 0, stream>>>(static_cast<LsePair*>(pairs), tiles, t, lse);
+  }
   check_launch("lse_finish");
 }
 
