@@ -80,14 +80,11 @@ void Device::score(const float* hidden, bool hidden_resident, int t, const Vocab
 
 std::shared_ptr<ResidentBuffer> Device::run_resident_log_softmax(const float* hidden, bool hidden_resident, int t) {
   auto logits = run_resident(hidden, hidden_resident, t, nullptr);
+  auto* y = static_cast<float*>(logits->ptr);
   std::vector<float> lse((size_t)t);
-  log_softmax(static_cast<float*>(logits->ptr), t, lse.data());
+  cpu::logsumexp_rows(y, t, spec_.vocab, cpu::default_threads(), lse.data());
+  cpu::log_softmax_rows(y, t, spec_.vocab, lse.data(), cpu::default_threads());
   return logits;
-}
-
-void Device::log_softmax(float* logits, int t, float* lse) {
-  cpu::logsumexp_rows(logits, t, spec_.vocab, cpu::default_threads(), lse);
-  cpu::log_softmax_rows(logits, t, spec_.vocab, lse, cpu::default_threads());
 }
 
 void host_topk(const float* logits, int t, int64_t V, int k, int64_t* ids, float* vals) {

@@ -138,13 +138,10 @@ class Device {
   // (kVocabScratchBytes) where the device works in chunks of rows. The
   // default runs the whole route into host memory and reduces that.
   virtual void score(const float* hidden, bool hidden_resident, int t, const VocabScores& out);
-  // run_resident, then log_softmax over the result in place (the CUDA device
-  // runs both as one graph, without a synchronization between them).
+  // run_resident, then each row's logits - their logsumexp, in place (the CUDA
+  // device runs both as one graph). The default reduces on the host, so it
+  // serves devices whose resident logits are host memory.
   virtual std::shared_ptr<ResidentBuffer> run_resident_log_softmax(const float* hidden, bool hidden_resident, int t);
-  // In place over t rows of this device's logits [t x V] (resident memory when
-  // caps().resident_logits): logits - logsumexp of their row; lse[t] (host) gets
-  // the logsumexps. The default works on host memory.
-  virtual void log_softmax(float* logits, int t, float* lse);
 
  protected:
   // What every prepare() records first: the spec, the nodes and their steps.

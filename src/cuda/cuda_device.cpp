@@ -324,7 +324,7 @@ class CudaDevice final : public Device {
       // no node's time includes the host's launch latency (which it would when
       // the GPU waits for the next launch: small nodes would look slow).
       ensure_events(steps_.size());
-      cudaGraphExec_t exec = capture(x, normed, logits, t, true, false);
+      cudaGraphExec_t exec = capture(x, normed, logits, t, true);
       const cudaError_t launched = cudaGraphLaunch(exec, stream_);
       const cudaError_t synced = cudaStreamSynchronize(stream_);
       cudaGraphExecDestroy(exec);
@@ -445,20 +445,9 @@ class CudaDevice final : public Device {
                        score_pairs_.mem->ptr, q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr, out_host};
     if (!score_graph_.exec || !(score_graph_.key == key)) {
       score_graph_.reset();
-      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture (score)");
-      cudaGraph_t graph = nullptr;
-      try {
-        enqueue_score(x, t, m, U, chunk, in_dev, out_dev, out_host, out_bytes);
-      } catch (...) {
-        (void)cudaStreamEndCapture(stream_, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        (void)cudaGetLastError();
-        throw;
-      }
-      check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture (score)");
-      const cudaError_t inst = cudaGraphInstantiate(&score_graph_.exec, graph, 0);
-      cudaGraphDestroy(graph);
-      check(inst, "cudaGraphInstantiate (score)");
+      score_graph_.exec = instantiate(
+          capture_stream([&] { enqueue_score(x, t, m, U, chunk, in_dev, out_dev, out_host, out_bytes); }),
+          "cudaGraphInstantiate (score)");
       score_graph_.key = key;
     }
     check(cudaGraphLaunch(score_graph_.exec, stream_), "cudaGraphLaunch (score)");
@@ -517,23 +506,15 @@ class CudaDevice final : public Device {
     check(cudaMemcpyAsync(out_host, out_dev, out_bytes, cudaMemcpyDeviceToHost, stream_), "download of scores");
   }
 
-  void log_softmax(float* logits, int t, float* lse_host) override {
-    DeviceScope scope(ordinal_);
-    const float* lse = enqueue_log_softmax(logits, t);
-    check(cudaMemcpyAsync(lse_host, lse, (size_t)t * 4, cudaMemcpyDeviceToHost, stream_), "download of logsumexps");
-    check(cudaStreamSynchronize(stream_), "log_softmax (synchronize)");
-  }
-
-  // logits [t x V] -= their rows' logsumexps, in place; returns the device logsumexps
-  // (buffers sized for t at the first call of a shape: fixed addresses for graph capture)
-  const float* enqueue_log_softmax(float* logits, int t) {
+  // logits [t x V] -= their rows' logsumexps, in place (buffers sized for t at
+  // the first call of a shape: fixed addresses for graph capture)
+  void enqueue_log_softmax(float* logits, int t) {
     const int64_t V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
     void* pairs = lsm_pairs_.ensure((size_t)t * tiles * lse_pair_bytes(), ordinal_, "logsumexp tile pairs");
     float* lse = static_cast<float*>(lsm_lse_.ensure((size_t)t * 4, ordinal_, "logsumexps"));
     lse_tiles(logits, V, V, t, 0, tiles, pairs, stream_);
     lse_finish(pairs, tiles, t, lse, stream_);
     subtract_rows(logits, V, t, lse, stream_);
-    return lse;
   }
 
   int64_t find_nonfinite(const float* x, int64_t n) override {
@@ -564,18 +545,6 @@ class CudaDevice final : public Device {
              lsm == o.lsm && lsm_lse == o.lsm_lse && log_softmax == o.log_softmax;
     }
   };
-  struct RouteGraph {
-    RouteKey key;
-    cudaGraphExec_t exec = nullptr;
-    void reset() {
-      if (exec) cudaGraphExecDestroy(exec);
-      exec = nullptr;
-    }
-    RouteGraph() = default;
-    RouteGraph(const RouteGraph&) = delete;
-    RouteGraph& operator=(const RouteGraph&) = delete;
-    ~RouteGraph() { reset(); }
-  };
   // What score()'s captured graph bakes in.
   struct ScoreKey {
     int t = 0, m = 0;
@@ -587,18 +556,22 @@ class CudaDevice final : public Device {
              out_host == o.out_host;
     }
   };
-  struct ScoreGraph {
-    ScoreKey key{};
+  // An executable graph and the key it was captured for.
+  template <class Key>
+  struct CachedGraph {
+    Key key{};
     cudaGraphExec_t exec = nullptr;
     void reset() {
       if (exec) cudaGraphExecDestroy(exec);
       exec = nullptr;
     }
-    ScoreGraph() = default;
-    ScoreGraph(const ScoreGraph&) = delete;
-    ScoreGraph& operator=(const ScoreGraph&) = delete;
-    ~ScoreGraph() { reset(); }
+    CachedGraph() = default;
+    CachedGraph(const CachedGraph&) = delete;
+    CachedGraph& operator=(const CachedGraph&) = delete;
+    ~CachedGraph() { reset(); }
   };
+  using RouteGraph = CachedGraph<RouteKey>;
+  using ScoreGraph = CachedGraph<ScoreKey>;
   // Pinned host memory that grows (never shrinks): the small transfers of score().
   struct PinnedScratch {
     void* ptr = nullptr;
@@ -731,25 +704,29 @@ class CudaDevice final : public Device {
   // The nodes captured into an executable graph (with event records around
   // each node when `events`). Launch configurations are fixed at capture, so
   // a graph is valid for the buffers and t it was captured with.
-  cudaGraphExec_t capture(const float* x, float* normed, float* logits, int t, bool events, bool log_softmax) {
-    cudaGraph_t graph = capture_graph(x, normed, logits, t, events, log_softmax);
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    check(inst, "cudaGraphInstantiate");
-    return exec;
+  cudaGraphExec_t capture(const float* x, float* normed, float* logits, int t, bool events) {
+    return instantiate(capture_graph(x, normed, logits, t, events, false), "cudaGraphInstantiate");
   }
 
   cudaGraph_t capture_graph(const float* x, float* normed, float* logits, int t, bool events, bool log_softmax) {
-    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
-    cudaGraph_t graph = nullptr;
-    try {
+    return capture_stream([&] {
       for (size_t i = 0; i < steps_.size(); ++i) {
         if (events) check(cudaEventRecordWithFlags(events_[i].first, stream_, cudaEventRecordExternal), "cudaEventRecord");
         enqueue(steps_[i], x, normed, logits, t);
         if (events) check(cudaEventRecordWithFlags(events_[i].second, stream_, cudaEventRecordExternal), "cudaEventRecord");
       }
       if (log_softmax) enqueue_log_softmax(logits, t);
+    });
+  }
+
+  // What `enqueue_all` launches on the stream, captured into a graph (the capture
+  // ended and the error cleared when it throws).
+  template <class F>
+  cudaGraph_t capture_stream(F&& enqueue_all) {
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+    cudaGraph_t graph = nullptr;
+    try {
+      enqueue_all();
     } catch (...) {
       (void)cudaStreamEndCapture(stream_, &graph);
       if (graph) cudaGraphDestroy(graph);
@@ -758,6 +735,15 @@ class CudaDevice final : public Device {
     }
     check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
     return graph;
+  }
+
+  // An executable graph of `graph`, which is destroyed.
+  static cudaGraphExec_t instantiate(cudaGraph_t graph, const char* what) {
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check(inst, what);
+    return exec;
   }
 
   // The cached graph of the route for this call's shape and buffers. When
@@ -787,11 +773,7 @@ class CudaDevice final : public Device {
       }
       g.reset();
     }
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    check(inst, "cudaGraphInstantiate (route)");
-    g.exec = exec;
+    g.exec = instantiate(graph, "cudaGraphInstantiate (route)");
     g.key = key;
     return g.exec;
   }
