@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "arrays.h"
 #include "bindings.h"
 #include "errors.h"
 
@@ -32,8 +33,6 @@ namespace nb = nanobind;
 namespace muser::py {
 
 namespace {
-
-using AnyArray = nb::ndarray<nb::ro>;
 
 [[noreturn]] void no_cuda_build() {
   throw DeviceError("this build of muser has no CUDA backend (it was built without nvcc)");

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "arrays.h"
 #include "bindings.h"
 #include "errors.h"
 #include "head.h"
@@ -28,25 +29,13 @@ namespace muser::py {
 
 namespace {
 
-using AnyArray = nb::ndarray<nb::ro>;
-
-std::string shape_str(const AnyArray& a) {
-  std::string s = "(";
-  for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
-  return s + (a.ndim() == 1 ? ",)" : ")");
-}
-
 // A host hidden state: float32, [t, H], C-contiguous, aligned.
 const float* host_rows(const AnyArray& a, int64_t H) {
   if (a.dtype() != nb::dtype<float>()) throw ArgTypeError("hidden must be float32");
   if (a.device_type() != nb::device::cpu::value) throw ArgTypeError("hidden must be in host memory here");
   if (a.ndim() != 2 || (int64_t)a.shape(1) != H)
     throw ArgValueError("hidden must have shape (t, " + std::to_string(H) + "), got " + shape_str(a));
-  int64_t expect = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) != 1 && a.stride(i) != expect) throw ArgValueError("hidden must be C-contiguous");
-    expect *= (int64_t)a.shape(i);
-  }
+  if (!c_contiguous(a)) throw ArgValueError("hidden must be C-contiguous");
   if (reinterpret_cast<uintptr_t>(a.data()) % alignof(float) != 0)
     throw ArgValueError("hidden must be 4-byte aligned");
   return static_cast<const float*>(a.data());
@@ -201,8 +190,7 @@ void bind_device(nb::module_& m) {
                            const AnyArray& ids, bool check_finite) -> nb::tuple {
     Device& dev = h->device();
     const int64_t V = h->spec().vocab;
-    if (ids.dtype() != nb::dtype<int64_t>() || ids.ndim() != 2 || (int64_t)ids.shape(0) != t ||
-        (ids.shape(1) > 1 && ids.stride(1) != 1) || (ids.shape(0) > 1 && ids.stride(0) != (int64_t)ids.shape(1)) ||
+    if (ids.dtype() != nb::dtype<int64_t>() || ids.ndim() != 2 || (int64_t)ids.shape(0) != t || !c_contiguous(ids) ||
         ids.device_type() != nb::device::cpu::value)
       throw ArgValueError("token ids must be a C-contiguous host int64 [t, m] array with t=" + std::to_string(t) +
                           ", got shape " + shape_str(ids));

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "arrays.h"
 #include "bindings.h"
 #include "cpu/cpu_device.h"
 #include "cpu/isa.h"
@@ -30,7 +31,6 @@ namespace muser::py {
 namespace {
 
 using F32Array = nb::ndarray<nb::numpy, float>;
-using AnyArray = nb::ndarray<nb::ro>;
 using WritableArray = nb::ndarray<>;
 
 std::string dtype_name(const nb::dlpack::dtype& d) {
@@ -40,24 +40,6 @@ std::string dtype_name(const nb::dlpack::dtype& d) {
                      : d.code == (uint8_t)nb::dlpack::dtype_code::Bfloat ? "bfloat"
                                                                           : "other";
   return std::string(kind) + std::to_string(d.bits);
-}
-
-std::string shape_str(const AnyArray& a) {
-  std::string s = "(";
-  for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
-  return s + (a.ndim() == 1 ? ",)" : ")");
-}
-
-bool c_contiguous(const AnyArray& a, size_t itemsize) {
-  for (size_t i = 0; i < a.ndim(); ++i)
-    if (a.shape(i) == 0) return true;  // empty: strides are meaningless
-  int64_t expect = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) != 1 && a.stride(i) != expect) return false;
-    expect *= (int64_t)a.shape(i);
-  }
-  (void)itemsize;
-  return true;
 }
 
 // Validates a 2-D C-contiguous float32 host array [rows x cols]; returns its data.
@@ -70,7 +52,7 @@ const float* f32_matrix(const AnyArray& a, const char* what, int64_t cols) {
     throw ArgValueError(std::string(what) + " must have " + std::to_string(cols) + " columns, got shape " + shape_str(a));
   if (a.device_type() != nb::device::cpu::value)
     throw ArgTypeError(std::string(what) + " must be in host memory");
-  if (!c_contiguous(a, 4)) throw ArgValueError(std::string(what) + " must be C-contiguous");
+  if (!c_contiguous(a)) throw ArgValueError(std::string(what) + " must be C-contiguous");
   if (reinterpret_cast<uintptr_t>(a.data()) % alignof(float) != 0)
     throw ArgValueError(std::string(what) + " must be 4-byte aligned (numpy: np.require(a, requirements='A'))");
   return static_cast<const float*>(a.data());
@@ -166,7 +148,7 @@ WeightView weight_from_bytes(const AnyArray& w, const std::string& type_name, st
   if (!found) throw ArgValueError("weight type must be one of " + supported_type_list() + "; got '" + type_name + "'");
   if (w.dtype() != nb::dtype<uint8_t>()) throw ArgTypeError("weight bytes must be uint8, got " + dtype_name(w.dtype()));
   if (w.ndim() != 2) throw ArgValueError("weight bytes must be 2-D (rows, row_bytes), got shape " + shape_str(w));
-  if (!c_contiguous(w, 1)) throw ArgValueError("weight bytes must be C-contiguous");
+  if (!c_contiguous(w)) throw ArgValueError("weight bytes must be C-contiguous");
   const TypeTraits tt = type_traits(type);
   const int64_t row_bytes = (int64_t)w.shape(1);
   if (row_bytes % tt.block_bytes != 0)
@@ -266,7 +248,7 @@ void bind_head(nb::module_& m) {
               if (out->ndim() != 2 || (int64_t)out->shape(0) != t || (int64_t)out->shape(1) != V)
                 throw ArgValueError("out must have shape (" + std::to_string(t) + ", " + std::to_string(V) + "), got " +
                                     shape_str(AnyArray(*out)));
-              if (!c_contiguous(AnyArray(*out), 4)) throw ArgValueError("out must be C-contiguous");
+              if (!c_contiguous(AnyArray(*out))) throw ArgValueError("out must be C-contiguous");
               if (out->device_type() != nb::device::cpu::value) throw ArgTypeError("out must be in host memory");
               if (reinterpret_cast<uintptr_t>(out->data()) % alignof(float) != 0)
                 throw ArgValueError("out must be 4-byte aligned");
@@ -302,7 +284,7 @@ void bind_head(nb::module_& m) {
     return lse;
   }, nb::arg("logits"), nb::arg("threads") = 0);
   m.def("log_softmax_inplace", [](WritableArray logits, const std::vector<float>& lse, int threads) {
-    if (logits.dtype() != nb::dtype<float>() || logits.ndim() != 2 || !c_contiguous(AnyArray(logits), 4))
+    if (logits.dtype() != nb::dtype<float>() || logits.ndim() != 2 || !c_contiguous(AnyArray(logits)))
       throw ArgValueError("logits must be a C-contiguous float32 [t, V] array");
     const int64_t t = (int64_t)logits.shape(0), V = (int64_t)logits.shape(1);
     if ((int64_t)lse.size() != t) throw ArgValueError("lse must hold one value per row");
@@ -314,7 +296,7 @@ void bind_head(nb::module_& m) {
   m.def("score_rows", [](const AnyArray& logits, const AnyArray& ids, int threads) {
     const float* y = f32_matrix(logits, "logits", -1);
     const int64_t t = (int64_t)logits.shape(0), V = (int64_t)logits.shape(1);
-    if (ids.dtype() != nb::dtype<int64_t>() || ids.ndim() != 2 || (int64_t)ids.shape(0) != t || !c_contiguous(ids, 8))
+    if (ids.dtype() != nb::dtype<int64_t>() || ids.ndim() != 2 || (int64_t)ids.shape(0) != t || !c_contiguous(ids))
       throw ArgValueError("token ids must be a C-contiguous int64 [t, m] array");
     const int m = (int)ids.shape(1);
     const auto* id = static_cast<const int64_t*>(ids.data());
@@ -342,7 +324,7 @@ void bind_head(nb::module_& m) {
     if (!f16 && !bf16) throw ArgTypeError("hidden must be float32, float16 or bfloat16, got " + dtype_name(d));
     if (a.device_type() != nb::device::cpu::value) throw ArgTypeError("hidden must be in host memory here");
     if (a.ndim() != 1 && a.ndim() != 2) throw ArgValueError("hidden must be 1-D or 2-D, got shape " + shape_str(a));
-    if (!c_contiguous(a, 2)) throw ArgValueError("a float16/bfloat16 hidden state must be C-contiguous");
+    if (!c_contiguous(a)) throw ArgValueError("a float16/bfloat16 hidden state must be C-contiguous");
     const size_t rows = a.ndim() == 2 ? a.shape(0) : 1, cols = a.shape(a.ndim() - 1);
     F32Array out = new_array(rows, cols);
     const auto* src = static_cast<const uint16_t*>(a.data());
@@ -408,7 +390,7 @@ void bind_head(nb::module_& m) {
         HeadWeights w;
         if (stage == "norm") {
           if (!gamma || gamma->dtype() != nb::dtype<float>() || gamma->ndim() != 1 || gamma->shape(0) != n ||
-              !c_contiguous(*gamma, 4))
+              !c_contiguous(*gamma))
             throw ArgValueError("gamma must be a contiguous float32 vector of length " + std::to_string(n));
           const float* g = static_cast<const float*>(gamma->data());
           w.gamma.assign(g, g + n);

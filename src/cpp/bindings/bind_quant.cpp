@@ -11,6 +11,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "arrays.h"
 #include "bindings.h"
 #include "errors.h"
 #include "quantize.h"
@@ -19,8 +20,6 @@ namespace nb = nanobind;
 
 namespace muser::py {
 namespace {
-
-using AnyArray = nb::ndarray<nb::ro>;
 
 std::string dtype_name(nb::dlpack::dtype dt) {
   std::string kind;
@@ -36,15 +35,6 @@ std::string dtype_name(nb::dlpack::dtype dt) {
   return kind + std::to_string(dt.bits);
 }
 
-std::string shape_string(const AnyArray& a) {
-  std::string s = "(";
-  for (size_t i = 0; i < a.ndim(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(a.shape(i));
-  }
-  return s + (a.ndim() == 1 ? ",)" : ")");
-}
-
 std::string strides_string(const AnyArray& a) {  // in bytes, as numpy prints them
   std::string s = "(";
   for (size_t i = 0; i < a.ndim(); ++i) {
@@ -52,16 +42,6 @@ std::string strides_string(const AnyArray& a) {  // in bytes, as numpy prints th
     s += std::to_string(a.stride(i) * (int64_t)a.itemsize());
   }
   return s + (a.ndim() == 1 ? ",)" : ")");
-}
-
-bool is_c_contiguous(const AnyArray& a) {
-  if (a.size() == 0) return true;
-  int64_t expected = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) != 1 && a.stride(i) != expected) return false;
-    expected *= (int64_t)a.shape(i);
-  }
-  return true;
 }
 
 GgmlType parse_type(const std::string& name) {
@@ -79,8 +59,8 @@ void check_cpu_array(const AnyArray& a, const char* arg, nb::dlpack::dtype want,
   if (a.dtype() != want)
     throw ArgTypeError(std::string(arg) + " must have dtype " + want_name + ", got " +
                        dtype_name(a.dtype()));
-  if (!is_c_contiguous(a))
-    throw ArgValueError(std::string(arg) + " must be C-contiguous; got shape " + shape_string(a) +
+  if (!c_contiguous(a))
+    throw ArgValueError(std::string(arg) + " must be C-contiguous; got shape " + shape_str(a) +
                         " with strides " + strides_string(a) + " (use numpy.ascontiguousarray)");
 }
 
@@ -90,7 +70,7 @@ nb::ndarray<nb::numpy, uint8_t, nb::ndim<2>> quantize_array(const AnyArray& arra
   check_cpu_array(array, "array", nb::dtype<float>(), "float32");
   if (array.ndim() != 1 && array.ndim() != 2)
     throw ArgValueError("array must be 1-D (one row) or 2-D (rows, cols), got shape " +
-                        shape_string(array));
+                        shape_str(array));
   const int64_t rows = array.ndim() == 2 ? (int64_t)array.shape(0) : 1;
   const int64_t cols = (int64_t)array.shape(array.ndim() - 1);
   check_quantize_args(type, cols);
