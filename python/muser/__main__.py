@@ -12,6 +12,8 @@ from typing import Optional
 
 import numpy as np
 
+from muser.head import ROUTES
+
 
 def cmd_demo(args: argparse.Namespace) -> int:
     import muser
@@ -121,8 +123,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"{t['name']:<40} {t['type']:<6} {str(tuple(t['shape'])):<20} {t['offset']:>14,} {t['nbytes']:>14,}")
     return 0 if spec else 1
 
-
-ROUTES = ["reference", "fused", "graph", "canonical", "pinned"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ import sys
 
 from ._core import Error
 
-ROUTES = ("reference", "fused", "graph", "canonical", "pinned")
+from .head import ROUTES
 
 
 def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:

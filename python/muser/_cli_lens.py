@@ -18,7 +18,15 @@ import numpy as np
 
 from ._core import Error
 
-ROUTES = ("reference", "fused", "graph", "canonical", "pinned")
+from .head import ROUTES
+
+
+def add_head_options(p: argparse.ArgumentParser) -> None:
+    """The options that load the head a sub-command runs (lens, sensitivity)."""
+    p.add_argument("--route", choices=ROUTES, default="graph", help="the route the head runs (default graph)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or metal (default cpu)")
+    p.add_argument("--acts", choices=("f32", "q8"), default="f32", help="f32 activations, or q8 (ggml's int8 quantization)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: every CPU the process may use)")
 
 
 def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
@@ -29,10 +37,7 @@ def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentPar
     p.add_argument("--hidden", required=True, help="hidden states .npy [L, t, H] float32 (or .npz with 'hidden')")
     p.add_argument("--targets", help="next-token ids .npy [t] (int)")
     p.add_argument("-k", "--k", dest="k", type=int, default=5, help="top tokens kept per layer and row (default 5)")
-    p.add_argument("--route", choices=ROUTES, default="graph", help="the route the head runs (default graph)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or metal (default cpu)")
-    p.add_argument("--acts", choices=("f32", "q8"), default="f32", help="f32 activations, or q8 (ggml's int8 quantization)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: every CPU the process may use)")
+    add_head_options(p)
     p.add_argument("--chunk", type=int, default=None, help="rows per head call")
     p.add_argument("--json", action="store_true", help="print the per-layer summary as JSON")
     p.set_defaults(fn=run)
@@ -40,13 +45,10 @@ def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentPar
 
 
 def _load_layers(path: str) -> np.ndarray:
+    from .compare import _read_hidden_file
+
     try:
-        if path.endswith(".npz"):
-            with np.load(path, allow_pickle=False) as z:
-                if "hidden" not in z:
-                    raise Error(f"{path}: no 'hidden' array (has {list(z.keys())})")
-                return np.asarray(z["hidden"])
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        return _read_hidden_file(path)
     except (OSError, ValueError) as e:
         raise Error(f"{path}: cannot read hidden states: {e}") from e
 

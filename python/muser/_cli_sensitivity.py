@@ -18,9 +18,8 @@ import json
 import sys
 from typing import Any, Callable, Optional
 
+from ._cli_lens import _load_layers, add_head_options
 from ._core import Error
-
-ROUTES = ("reference", "fused", "graph", "canonical", "pinned")
 
 
 def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
@@ -32,10 +31,7 @@ def add_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentPar
     p.add_argument("--targets", help="next-token ids .npy [t] (int)")
     p.add_argument("--types", default="Q4_K,Q5_K,Q6_K,Q8_0,F16",
                    help="comma-separated weight types (default Q4_K,Q5_K,Q6_K,Q8_0,F16)")
-    p.add_argument("--route", choices=ROUTES, default="graph", help="the route the head runs (default graph)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or metal (default cpu)")
-    p.add_argument("--acts", choices=("f32", "q8"), default="f32", help="f32 activations, or q8 (ggml's int8 quantization)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: every CPU the process may use)")
+    add_head_options(p)
     p.add_argument("--repeats", type=int, default=5, help="timed one-row steps per type (median)")
     p.add_argument("--keep", metavar="DIR", help="write the requantized heads here and keep them")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -77,7 +73,6 @@ def _progress(total_types: int) -> tuple[Callable[[str, int, int], None], Callab
 
 def run(args: argparse.Namespace) -> int:
     """Run ``sensitivity``; 0 on success, 2 on a usage or input error."""
-    from ._cli_lens import _load_layers
     from .requantize import sensitivity
 
     types = [t.strip() for t in args.types.split(",") if t.strip()]

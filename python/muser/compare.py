@@ -536,18 +536,21 @@ def check_target_range(targets: np.ndarray, vocab: int) -> None:
         raise ValueError(f"targets must lie in [0, {vocab}) (the vocabulary), got {int(targets[r])} at row {r}")
 
 
+def _read_hidden_file(path: str) -> np.ndarray:
+    """Hidden states saved as a ``.npy`` (memory-mapped) or as the ``hidden`` array of an ``.npz``."""
+    if path.endswith(".npz"):
+        with np.load(path, allow_pickle=False) as z:
+            if "hidden" not in z:
+                raise Error(f"{path}: no 'hidden' array (has {list(z.keys())})")
+            return np.asarray(z["hidden"])
+    return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
 def _load_hidden(hidden: np.ndarray | str | os.PathLike | None) -> np.ndarray | None:
     if hidden is None:
         return None
     if isinstance(hidden, (str, os.PathLike)):
-        p = os.fspath(hidden)
-        if p.endswith(".npz"):
-            with np.load(p, allow_pickle=False) as z:
-                if "hidden" not in z:
-                    raise Error(f"{p}: no 'hidden' array (has {list(z.keys())})")
-                hidden = np.asarray(z["hidden"])
-        else:
-            hidden = np.load(p, mmap_mode="r", allow_pickle=False)
+        hidden = _read_hidden_file(os.fspath(hidden))
     h = np.asarray(hidden)
     if h.ndim != 2 or h.dtype != np.float32:
         raise Error(f"hidden must be float32 [rows, hidden_size]; got {h.dtype} {h.shape}")
