@@ -9,6 +9,18 @@ import pytest
 from muser.fixtures import write_head_gguf
 
 
+def cuda_skip_reason() -> str:
+    """Why the CUDA tests cannot run here ("" when a GPU and a CUDA build are present)."""
+    import muser
+    from muser import _core
+
+    if not muser.build_info()["cuda"]:
+        return "this build of muser has no CUDA backend (built without nvcc)"
+    if _core.cuda_device_count() == 0:
+        return "no GPU: " + _core.cuda_no_device_reason()
+    return ""
+
+
 @pytest.fixture(scope="session")
 def head_file(tmp_path_factory):
     """Factory: head_file(**kwargs) -> path of a GGUF head (cached per kwargs)."""

@@ -13,12 +13,9 @@ from muser import _core
 pytest.importorskip("gguf", reason="the gguf package writes the test heads")
 from muser.fixtures import write_head_gguf  # noqa: E402
 
-if not muser.build_info()["cuda"]:
-    _skip = "this build of muser has no CUDA backend (built without nvcc)"
-elif _core.cuda_device_count() == 0:
-    _skip = "no GPU: " + _core.cuda_no_device_reason()
-else:
-    _skip = ""
+from conftest import cuda_skip_reason  # noqa: E402
+
+_skip = cuda_skip_reason()
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_skip), reason=_skip or "-")]
 
 SCRATCH = 32 << 20  # kVocabScratchBytes (device.h)
