@@ -461,6 +461,9 @@ def test_eight_threads_share_a_cuda_head(head_file):
     gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route="canonical", acts="q8")
     xs = [hidden_states(SHAPES["Q5_K"], 3, seed=s) for s in range(6)]
     serial = [gpu(x).copy() for x in xs]
+    ids = np.array([[3, 70], [5, 5], [4999, 0]])
+    serial_score = [gpu.score(x, ids) for x in xs]
+    serial_lsm = [np.array(gpu.log_softmax(x)) for x in xs]
     wrong = []
 
     def worker(seed):
@@ -472,7 +475,7 @@ def test_eight_threads_share_a_cuda_head(head_file):
     def work(seed):
         r = np.random.default_rng(seed)
         for c in range(150):
-            i, kind = int(r.integers(len(xs))), int(r.integers(4))
+            i, kind = int(r.integers(len(xs))), int(r.integers(6))
             if kind == 0:
                 ok = np.array_equal(gpu(xs[i]), serial[i])
             elif kind == 1:
@@ -480,9 +483,15 @@ def test_eight_threads_share_a_cuda_head(head_file):
                 ok = np.array_equal(d.get(), serial[i])
             elif kind == 2:
                 ok = np.array_equal(gpu.argmax(xs[i]), np.argmax(serial[i], axis=1))
+            elif kind == 3:
+                _, top, _ = gpu.topk(xs[i], 4)
+                ok = np.array_equal(top, np.argsort(-serial[i], axis=1, kind="stable")[:, :4])
+            elif kind == 4:  # the score graph, its pinned transfers and scratch under the shared head
+                got = gpu.score(xs[i], ids)
+                ok = np.array_equal(got.logprobs, serial_score[i].logprobs) and \
+                    np.array_equal(got.ranks, serial_score[i].ranks)
             else:
-                _, ids, _ = gpu.topk(xs[i], 4)
-                ok = np.array_equal(ids, np.argsort(-serial[i], axis=1, kind="stable")[:, :4])
+                ok = np.array_equal(gpu.log_softmax(xs[i]), serial_lsm[i])
             if not ok:
                 wrong.append((seed, c, kind))
 

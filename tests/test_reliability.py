@@ -41,6 +41,11 @@ def test_eight_threads_mixed_calls_equal_a_serial_run(small_head, rng):
     serial = [np.array(head(x)) for x in inputs]  # row r of a batch equals its single step (bitwise)
     serial_ids = [np.argmax(s, axis=1) for s in serial]
     serial_topk = [np.argsort(-s, axis=1, kind="stable")[:, :5] for s in serial]
+    # the consumer's reductions: each call's own scratch and results under the shared head
+    score_ids = [rng.integers(0, V, size=(3, 2)) for _ in inputs]
+    serial_score = [head.score(x, ids) for x, ids in zip(inputs, score_ids)]
+    serial_lsm = [np.array(head.log_softmax(x)) for x in inputs]
+    serial_draw = [head.sample(x, seed=3, positions=np.arange(3), temperature=0.8, top_p=0.9).tokens for x in inputs]
     wrong: list[str] = []
 
     def worker(seed: int) -> None:
@@ -53,7 +58,7 @@ def test_eight_threads_mixed_calls_equal_a_serial_run(small_head, rng):
         r = np.random.default_rng(seed)
         held = []  # results kept across later calls: none may be overwritten
         for c in range(1000):
-            i, kind = int(r.integers(len(inputs))), int(r.integers(5))
+            i, kind = int(r.integers(len(inputs))), int(r.integers(8))
             x = inputs[i]
             row = int(r.integers(3))
             if kind == 0:
@@ -76,10 +81,22 @@ def test_eight_threads_mixed_calls_equal_a_serial_run(small_head, rng):
                 if not np.array_equal(ids, serial_topk[i]) or \
                         not np.array_equal(vals, np.take_along_axis(serial[i], serial_topk[i], 1)):
                     wrong.append(f"topk call {c}")
-            else:
+            elif kind == 4:
                 out = np.empty((3, V), np.float32)
                 if head(x, out=out) is not out or not np.array_equal(out, serial[i]):
                     wrong.append(f"out= call {c}")
+            elif kind == 5:
+                got, want = head.score(x, score_ids[i]), serial_score[i]
+                if not (np.array_equal(got.logprobs, want.logprobs) and np.array_equal(got.ranks, want.ranks)
+                        and np.array_equal(got.logsumexp, want.logsumexp)):
+                    wrong.append(f"score call {c}")
+            elif kind == 6:
+                if not np.array_equal(head.log_softmax(x), serial_lsm[i]):
+                    wrong.append(f"log_softmax call {c}")
+            else:
+                draw = head.sample(x, seed=3, positions=np.arange(3), temperature=0.8, top_p=0.9).tokens
+                if not np.array_equal(draw, serial_draw[i]):
+                    wrong.append(f"sample call {c}")
             if len(held) > 6:
                 held.pop(0)
             for got, want in held:
