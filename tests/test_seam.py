@@ -28,7 +28,7 @@ def test_nothing_in_python_or_the_bindings_tests_a_device_name():
 def test_the_cpu_caps_are_the_host_defaults(head_file):
     head = muser.Head.load(head_file(weight_type="Q8_0", hidden=256, vocab=300))
     assert head.caps == {"resident_logits": False, "ranks_on_device": False, "dlpack_device": 1, "compute_device": 1,
-                         "ordinal": 0, "max_topk": 0}
+                         "ordinal": 0, "max_topk": 0, "sample_on_device": False}
     assert _core.device_caps("cpu") == head.caps
     with pytest.raises(ValueError, match="memory of its own"):
         head(np.zeros(256, np.float32), on_device=True)

@@ -155,11 +155,16 @@ def check_positions(positions: Any, t: int, single: bool) -> np.ndarray:
 def sample_logits(logits: np.ndarray, single: bool, params: _Params, positions: np.ndarray,
                   threads: int = 0) -> Sample:
     """Draws one token per row of host logits ``[t, V]`` (float32, C-contiguous)."""
-    tokens, lp, plp, mass = _core.sample_rows(
+    return sample_result(_core.sample_rows(
         logits, positions, params.seed, params.temperature, params.top_k, params.top_p, params.min_p,
-        params.bias, params.allowed, threads)
-    tokens = np.asarray(tokens, np.int64)
-    lp, plp, mass = (np.asarray(a, np.float32) for a in (lp, plp, mass))
+        params.bias, params.allowed, threads), single)
+
+
+def sample_result(drawn: Any, single: bool) -> Sample:
+    """A :class:`Sample` of an engine's ``(tokens, logprobs, processed_logprobs, kept_mass)``."""
+    tokens, lp, plp, mass = drawn
+    tokens = np.asarray(tokens, np.int64).reshape(-1)
+    lp, plp, mass = (np.asarray(a, np.float32).reshape(-1) for a in (lp, plp, mass))
     if single:
         return Sample(int(tokens[0]), float(lp[0]), float(plp[0]), float(mass[0]))
     return Sample(tokens, lp, plp, mass)

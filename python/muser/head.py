@@ -486,7 +486,7 @@ class Head:
         else:
             vals, ranks, lse = _core.device_score(self._core, rows, ptr, t, grid, check_finite)
         return (np.asarray(vals, np.float32).reshape(t, -1), np.asarray(ranks, np.int64).reshape(t, -1),
-                np.asarray(lse, np.float32))
+                np.asarray(lse, np.float32).reshape(t))
 
     def log_softmax(self, hidden: Any, *, out: Optional[np.ndarray] = None, check_finite: bool = True,
                     on_device: bool = False) -> Any:
@@ -568,6 +568,14 @@ class Head:
         p = _sampling.check_params(self._spec.vocab_size, seed=seed, positions=positions,
                                    temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                    logit_bias=logit_bias, allowed=allowed)
+        if self._pinned is None and self.caps.get("sample_on_device"):
+            rows, ptr, t, single = self._inputs(hidden)
+            pos = _sampling.check_positions(positions, t, single)
+            drawn = _core.device_sample(self._core, rows, ptr, t, pos, p.seed, p.temperature, p.top_k, p.top_p,
+                                        p.min_p, p.bias, p.allowed, check_finite)
+            if drawn is not None:
+                return _sampling.sample_result(drawn, single)
+            # the device left this draw to the host (a row's problem is named there)
         logits, single = self._host_logits(hidden, check_finite)
         pos = _sampling.check_positions(positions, logits.shape[0], single)
         return _sampling.sample_logits(logits, single, p, pos, self._threads)

@@ -65,7 +65,7 @@ std::vector<double> Device::route_seconds(const float* hidden, bool hidden_resid
   return seconds;
 }
 
-void Device::score(const float* hidden, bool hidden_resident, int t, const VocabScores& out) {
+void Device::score(const float* hidden, bool hidden_resident, int t, VocabScores& out) {
   if (hidden_resident)
     throw DeviceError("device '" + name() + "' has no memory of its own: score takes host hidden states");
   const int64_t V = spec_.vocab;
@@ -77,6 +77,8 @@ void Device::score(const float* hidden, bool hidden_resident, int t, const Vocab
     cpu::score_rows(logits->data, t, V, out.ids, out.m, out.lse, cpu::default_threads(), logprobs.data(), out.values, out.ranks);
   }
 }
+
+bool Device::sample(const float*, bool, int, SampleRequest&, SampleResult*) { return false; }
 
 std::shared_ptr<ResidentBuffer> Device::run_resident_log_softmax(const float* hidden, bool hidden_resident, int t) {
   auto logits = run_resident(hidden, hidden_resident, t, nullptr);

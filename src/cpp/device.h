@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "head_spec.h"
+#include "muser/sample.h"
 #include "route.h"
 
 namespace muser {
@@ -79,6 +80,22 @@ struct VocabScores {
   float* lse = nullptr;          // host [t]
   float* values = nullptr;       // host [t x m]
   int64_t* ranks = nullptr;      // host [t x m]
+  // Device-resident hidden states: the device checks them for NaN/inf as part
+  // of its own work (no round trip of its own) and reports the lowest bad
+  // index, or -1, in first_nonfinite. Only devices with memory of their own see it set.
+  bool check_hidden = false;
+  int64_t first_nonfinite = -1;
+};
+
+// What Device::sample draws with (muser/sample.h), in host memory.
+struct SampleRequest {
+  SampleParams params{};
+  const float* bias = nullptr;          // [V] or null
+  const uint8_t* allowed = nullptr;     // [V] or null
+  const uint64_t* positions = nullptr;  // [t]
+  // as VocabScores: a device-resident hidden state checked in the device's own work
+  bool check_hidden = false;
+  int64_t first_nonfinite = -1;
 };
 
 // What a device can do beyond run(). The defaults are the CPU's.
@@ -90,6 +107,7 @@ struct DeviceCaps {
                                  // dlpack_device on Metal (8), whose logits are host memory (1, unified)
   int ordinal = 0;
   int max_topk = 0;              // largest k topk() takes (0: any k up to V)
+  bool sample_on_device = false;  // sample() draws on the device
 };
 
 class Device {
@@ -135,13 +153,20 @@ class Device {
   virtual std::vector<double> route_seconds(const float* hidden, bool hidden_resident, int t, int reps, bool held);
   // Runs the route on t hidden states and reduces its logits over the
   // vocabulary into `out` (VocabScores), in at most a bounded scratch
-  // (kVocabScratchBytes) where the device works in chunks of rows. The
+  // (kVocabScratchBytes) where the device works in groups of tokens. The
   // default runs the whole route into host memory and reduces that.
-  virtual void score(const float* hidden, bool hidden_resident, int t, const VocabScores& out);
+  virtual void score(const float* hidden, bool hidden_resident, int t, VocabScores& out);
   // run_resident, then each row's logits - their logsumexp, in place (the CUDA
   // device runs both as one graph). The default reduces on the host, so it
   // serves devices whose resident logits are host memory.
   virtual std::shared_ptr<ResidentBuffer> run_resident_log_softmax(const float* hidden, bool hidden_resident, int t);
+  // Runs the route and draws one token per row into out [t] on the device,
+  // with the bits of muser/sample.h's sample_row on the route's logits; false
+  // when it does not for this request or one of its rows (a non-finite or
+  // empty row, a top_p prefix past what it ranked, top_k past max_topk): the
+  // caller then samples the route's host logits, which also names what went
+  // wrong. The default does not (false).
+  virtual bool sample(const float* hidden, bool hidden_resident, int t, SampleRequest& req, SampleResult* out);
 
  protected:
   // What every prepare() records first: the spec, the nodes and their steps.
@@ -151,10 +176,12 @@ class Device {
   std::vector<Step> steps_;
 };
 
-// The most scratch memory score() takes for logits at once: the vocabulary is
-// reduced in chunks of rows of at most this many bytes for all t tokens
-// (at least one kLseTile of rows).
-constexpr size_t kVocabScratchBytes = size_t{32} << 20;
+// The most scratch memory a device's score() takes for logits at once: its
+// tokens run in groups whose [group, V] logits fit this many bytes (at least
+// one row). 64 MiB holds 64 rows of a 262,144-token vocabulary: the largest
+// token tile of the CUDA matvecs, so groups read the weight no more often
+// than the plain call.
+constexpr size_t kVocabScratchBytes = size_t{64} << 20;
 
 // Ranks t rows of host logits [t x V]: the k best of each, best first, ties to
 // the lower id, NaN after every number (the order every backend's top-k keeps).

@@ -223,6 +223,7 @@ class CudaDevice final : public Device {
     c.compute_device = 2;
     c.ordinal = ordinal_;
     c.max_topk = kTopkMax;
+    c.sample_on_device = true;
     return c;
   }
   bool reads_host_weights() const override { return false; }  // uploaded at prepare
@@ -315,6 +316,7 @@ class CudaDevice final : public Device {
       last_graph_ = exec;
     } else if (!timings) {
       // every pooled buffer is held: a one-off buffer, its steps launched directly
+      if (log_softmax) ensure_log_softmax(t);
       for (const Step& st : steps_) enqueue(st, x, normed, logits, t);
       if (log_softmax) enqueue_log_softmax(logits, t);
       check(cudaStreamSynchronize(stream_), "the route's kernels (synchronize)");
@@ -383,70 +385,52 @@ class CudaDevice final : public Device {
     check(cudaStreamSynchronize(stream_), "top-k (synchronize)");
   }
 
-  // The route in chunks of rows (Device::score): the norm once, then for each
-  // chunk the matvec of its rows into a scratch of at most kVocabScratchBytes,
-  // the element-wise nodes, the tiles' (max, sum) pairs and the rank counts.
-  // The chosen ids' logits come first, from a copy of their rows alone (a
-  // row's result does not depend on its neighbours: docs/numerics.md). The
-  // kernels run as one CUDA graph per shape (t, m, the distinct ids rounded up
-  // to a power of two, the buffers); the ids go up and the results come down
-  // through pinned memory, so a call is one upload, one launch, one download.
-  void score(const float* hidden, bool hidden_on_device, int t, const VocabScores& out) override {
+  // The route in groups of tokens (Device::score): the norm and the
+  // activations once, then for each group of g tokens the matvec over every
+  // row into a scratch of g x V logits (at most kVocabScratchBytes, or one
+  // row), the element-wise nodes and one vocab_reduce launch (the tiles' pairs,
+  // the rank counts and each row's finish). g is a multiple of 64 tokens when
+  // the scratch holds 64 rows, so the weight is read as often as the plain call
+  // reads it. The kernels run as one CUDA graph per shape; the ids go up and the
+  // results come down through pinned memory: one upload, one launch, one download.
+  void score(const float* hidden, bool hidden_on_device, int t, VocabScores& out) override {
     if (t < 1) throw ArgValueError("t must be >= 1");
     DeviceScope scope(ordinal_);
-    const int64_t H = spec_.hidden, m = out.m, n_ids = (int64_t)t * m;
+    const int64_t H = spec_.hidden, V = spec_.vocab, m = out.m, n_ids = (int64_t)t * m;
     const size_t xbytes = (size_t)t * H * sizeof(float);
     const float* x = hidden;
     if (!hidden_on_device) x = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
     normed_.ensure(xbytes, ordinal_, "normed hidden states");
     if (q8_) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
-
-    const int64_t V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
-    const int64_t budget_rows = (int64_t)(kVocabScratchBytes / (sizeof(float) * (size_t)t)) / kLseTile * kLseTile;
-    const int64_t chunk = std::min<int64_t>(std::max<int64_t>(budget_rows, kLseTile), tiles * kLseTile);
-    // One chunk: the chosen logits are gathered from it (slot = the id). Several: the
-    // distinct ids' rows run first (slot = the index among them), padded to a power of
-    // two (repeating the first) so the graph's shape repeats.
-    const bool one_chunk = chunk >= V;
-    std::vector<int64_t> uniq(out.ids, out.ids + (one_chunk ? 0 : n_ids));
-    std::sort(uniq.begin(), uniq.end());
-    uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
-    const int64_t distinct = (int64_t)uniq.size();
-    int64_t U = distinct ? 1 : 0;
-    while (U < distinct) U *= 2;
-    uniq.resize((size_t)U, distinct ? uniq[0] : 0);
-    // pinned in: ids [t*m] | uniq [U] (int64) | slot [t*m] (int32); out: lse [t] | values [t*m] | (8-aligned) ahead [t*m]
-    const size_t id_bytes = (size_t)(n_ids + U) * 8, in_bytes = id_bytes + (size_t)n_ids * 4;
+    const int group = std::min<int64_t>(t, score_group_tokens(V));
+    // pinned in: ids [t*m] (int64); out: lse [t] | values [t*m] | (8-aligned) ahead [t*m] | first non-finite hidden
+    const size_t in_bytes = (size_t)n_ids * 8;
     const size_t values_at = (size_t)t * 4, ahead_at = (values_at + (size_t)n_ids * 4 + 7) / 8 * 8;
-    const size_t out_bytes = ahead_at + (size_t)n_ids * 8;
-    auto* in_host = static_cast<uint8_t*>(score_in_host_.ensure(in_bytes));
+    const size_t bad_at = ahead_at + (size_t)n_ids * 8, out_bytes = bad_at + 8;
+    const bool check_x = out.check_hidden && hidden_on_device;
+    auto* in_host = static_cast<uint8_t*>(score_in_host_.ensure(std::max<size_t>(in_bytes, 8)));
     auto* out_host = static_cast<uint8_t*>(score_out_host_.ensure(out_bytes));
-    std::memcpy(in_host, out.ids, (size_t)n_ids * 8);
-    std::memcpy(in_host + n_ids * 8, uniq.data(), (size_t)U * 8);
-    auto* slot = reinterpret_cast<int32_t*>(in_host + id_bytes);
-    for (int64_t i = 0; i < n_ids; ++i)
-      slot[i] = one_chunk ? (int32_t)out.ids[i]
-                          : (int32_t)(std::lower_bound(uniq.begin(), uniq.begin() + distinct, out.ids[i]) - uniq.begin());
-    auto* in_dev = static_cast<uint8_t*>(score_ids_.ensure(in_bytes, ordinal_, "chosen token ids"));
+    std::memcpy(in_host, out.ids, in_bytes);
+    auto* in_dev = static_cast<uint8_t*>(score_ids_.ensure(std::max<size_t>(in_bytes, 8), ordinal_, "chosen token ids"));
     auto* out_dev = static_cast<uint8_t*>(score_out_.ensure(out_bytes, ordinal_, "scores"));
-    if (U > 0) {
-      score_mini_.ensure(device_weight_bytes(out_.type, U, out_.row_bytes), ordinal_, "the chosen ids' weight rows");
-      score_small_.ensure((size_t)t * U * 4, ordinal_, "the chosen ids' logits");
-    }
-    score_chunk_.ensure((size_t)t * std::min(chunk, V) * 4, ordinal_, "a chunk of logits");
-    score_pairs_.ensure((size_t)t * tiles * lse_pair_bytes(), ordinal_, "logsumexp tile pairs");
+    score_chunk_.ensure((size_t)group * V * 4, ordinal_, "a group's logits");
+    score_reduce_.ensure(group, (int)m, V, ordinal_, stream_);
 
     if (!hidden_on_device)
       check(cudaMemcpyAsync(const_cast<float*>(x), hidden, xbytes, cudaMemcpyHostToDevice, stream_),
             "upload of the hidden states");
-    check(cudaMemcpyAsync(in_dev, in_host, in_bytes, cudaMemcpyHostToDevice, stream_), "upload of token ids");
-    const ScoreKey key{t, (int)m, U, x, in_dev, out_dev, score_mini_.mem ? score_mini_.mem->ptr : nullptr,
-                       score_small_.mem ? score_small_.mem->ptr : nullptr, score_chunk_.mem->ptr,
-                       score_pairs_.mem->ptr, q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr, out_host};
+    if (in_bytes)
+      check(cudaMemcpyAsync(in_dev, in_host, in_bytes, cudaMemcpyHostToDevice, stream_), "upload of token ids");
+    const ScoreKey key{t, (int)m, group, check_x, x, in_dev, out_dev, score_chunk_.mem->ptr, score_reduce_.pairs.mem->ptr,
+                       score_reduce_.acc.mem->ptr, q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr, out_host};
     if (!score_graph_.exec || !(score_graph_.key == key)) {
       score_graph_.reset();
       score_graph_.exec = instantiate(
-          capture_stream([&] { enqueue_score(x, t, m, U, chunk, in_dev, out_dev, out_host, out_bytes); }),
+          capture_stream([&] {
+            if (check_x) cuda::find_nonfinite(x, (int64_t)t * H, reinterpret_cast<unsigned long long*>(out_dev + bad_at),
+                                            stream_);
+            enqueue_score(x, t, m, group, in_dev, out_dev, out_host, out_bytes);
+          }),
           "cudaGraphInstantiate (score)");
       score_graph_.key = key;
     }
@@ -456,11 +440,24 @@ class CudaDevice final : public Device {
     std::memcpy(out.values, out_host + values_at, (size_t)n_ids * 4);
     const auto* ahead = reinterpret_cast<const unsigned long long*>(out_host + ahead_at);
     for (int64_t i = 0; i < n_ids; ++i) out.ranks[i] = 1 + (int64_t)ahead[i];
+    unsigned long long bad = 0;
+    std::memcpy(&bad, out_host + bad_at, 8);
+    out.first_nonfinite = check_x && bad < (unsigned long long)(t * H) ? (int64_t)bad : -1;
+  }
+
+  // Tokens per group of score(): as many whole 64-token tiles (the matvecs'
+  // largest token tile) as kVocabScratchBytes holds, else multiples of 8, else
+  // what fits, at least one row.
+  static int64_t score_group_tokens(int64_t V) {
+    const int64_t fit = (int64_t)(kVocabScratchBytes / (sizeof(float) * (size_t)V));
+    if (fit >= 64) return fit / 64 * 64;
+    if (fit >= 8) return fit / 8 * 8;
+    return std::max<int64_t>(fit, 1);
   }
 
   // score()'s kernels on the stream (captured into its graph).
-  void enqueue_score(const float* x, int t, int64_t m, int64_t U, int64_t chunk, const uint8_t* in_dev,
-                     uint8_t* out_dev, uint8_t* out_host, size_t out_bytes) {
+  void enqueue_score(const float* x, int t, int64_t m, int group, const uint8_t* in_dev, uint8_t* out_dev,
+                     uint8_t* out_host, size_t out_bytes) {
     const int64_t H = spec_.hidden, V = spec_.vocab, n_ids = (int64_t)t * m;
     float* normed = static_cast<float*>(normed_.mem->ptr);
     size_t mv = 0;
@@ -470,51 +467,175 @@ class CudaDevice final : public Device {
     const NodeKind kind = nodes_[mv].kind;
     Q8Args q = q8_args(t, nullptr);
     if (is_q8(kind)) quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
-    auto finish = [&](float* y, int64_t count) {
-      for (size_t i = mv + 1; i < nodes_.size(); ++i) enqueue_epilogue(nodes_[i], y, count);
-    };
     const auto* w = static_cast<const uint8_t*>(weight_->ptr);
     const auto* ids = reinterpret_cast<const int64_t*>(in_dev);
     float* lse = reinterpret_cast<float*>(out_dev);
     float* values = reinterpret_cast<float*>(out_dev + (size_t)t * 4);
     auto* ahead = reinterpret_cast<unsigned long long*>(out_dev + ((size_t)t * 4 + (size_t)n_ids * 4 + 7) / 8 * 8);
-    if (U > 0) {
-      auto* mini = static_cast<uint8_t*>(score_mini_.mem->ptr);
-      auto* mini_logits = static_cast<float*>(score_small_.mem->ptr);
-      gather_rows(w, out_.type, out_.row_bytes, ids + n_ids, U, mini, stream_);
-      enqueue_matvec_rows(kind, mini, U, normed, q, t, mini_logits, U);
-      finish(mini_logits, (int64_t)t * U);
-      gather_values(mini_logits, reinterpret_cast<const int*>(in_dev + (size_t)(n_ids + U) * 8), t, (int)m, U, values,
-                    ahead, stream_);
-    }
-    const int64_t tiles = (V + kLseTile - 1) / kLseTile;
     auto* y = static_cast<float*>(score_chunk_.mem->ptr);
-    void* pairs = score_pairs_.mem->ptr;
-    for (int64_t r0 = 0; r0 < V; r0 += chunk) {
-      const int64_t n = std::min(chunk, V - r0);
-      // r0 is a multiple of kTileRows, so the chunk starts a row tile: in the tiled
-      // layout too its rows begin r0 * row_bytes in (device_layout.h)
-      enqueue_matvec_rows(kind, w + r0 * out_.row_bytes, n, normed, q, t, y, n);
-      finish(y, (int64_t)t * n);
-      lse_tiles(y, n, n, t, r0 / kLseTile, tiles, pairs, stream_);
-      if (m > 0 && U == 0)  // one chunk: the chosen logits are in it
-        gather_values(y, reinterpret_cast<const int*>(in_dev + (size_t)n_ids * 8), t, (int)m, n, values, ahead,
-                      stream_);
-      if (m > 0) rank_count(y, n, n, t, r0, ids, values, (int)m, ahead, stream_);
+    for (int k0 = 0; k0 < t; k0 += group) {
+      const int g = std::min(group, t - k0);
+      enqueue_matvec_rows(kind, w, V, normed + (int64_t)k0 * H, is_q8(kind) ? q8_tokens(q, k0, g) : q, g, y, V);
+      for (size_t i = mv + 1; i < nodes_.size(); ++i) enqueue_epilogue(nodes_[i], y, (int64_t)g * V);
+      VocabReduceArgs r = score_reduce_.args(y, V, g, (int)m);
+      r.ids = ids + (int64_t)k0 * m;
+      r.lse = lse + k0;
+      r.values = values + (int64_t)k0 * m;
+      r.ahead = ahead + (int64_t)k0 * m;
+      vocab_reduce(r, stream_);
     }
-    lse_finish(pairs, tiles, t, lse, stream_);
     check(cudaMemcpyAsync(out_host, out_dev, out_bytes, cudaMemcpyDeviceToHost, stream_), "download of scores");
   }
 
-  // logits [t x V] -= their rows' logsumexps, in place (buffers sized for t at
-  // the first call of a shape: fixed addresses for graph capture)
+  // logits [t x V] -= their rows' logsumexps, in place (lsm_reduce_ and
+  // lsm_lse_ sized for t by the caller, before any capture)
   void enqueue_log_softmax(float* logits, int t) {
-    const int64_t V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
-    void* pairs = lsm_pairs_.ensure((size_t)t * tiles * lse_pair_bytes(), ordinal_, "logsumexp tile pairs");
-    float* lse = static_cast<float*>(lsm_lse_.ensure((size_t)t * 4, ordinal_, "logsumexps"));
-    lse_tiles(logits, V, V, t, 0, tiles, pairs, stream_);
-    lse_finish(pairs, tiles, t, lse, stream_);
+    const int64_t V = spec_.vocab;
+    float* lse = static_cast<float*>(lsm_lse_.mem->ptr);
+    VocabReduceArgs r = lsm_reduce_.args(logits, V, t, 0);
+    r.lse = lse;
+    vocab_reduce(r, stream_);
     subtract_rows(logits, V, t, lse, stream_);
+  }
+  void ensure_log_softmax(int t) {
+    lsm_reduce_.ensure(t, 0, spec_.vocab, ordinal_, stream_);
+    lsm_lse_.ensure((size_t)t * 4, ordinal_, "logsumexps");
+  }
+
+  // Device::sample: the route and the draw as one CUDA graph per shape
+  // (sample.cu's kernels; which of them run depends on the steps asked for),
+  // the parameters and positions up and the results down through pinned
+  // memory. The kept-set order holds top_k ids, or for top_p alone first 64
+  // and, when the prefix runs past them, kTopkMax; past that the host draws.
+  bool sample(const float* hidden, bool hidden_on_device, int t, SampleRequest& req, SampleResult* out) override {
+    if (t < 1) throw ArgValueError("t must be >= 1");
+    const SampleParams& p = req.params;
+    if (p.top_k > kTopkMax) return false;
+    const bool greedy = !(p.temperature > 0.0f);
+    const bool by_order = !greedy && (p.top_k > 0 || p.top_p < 1.0f);
+    const int first_k = p.top_k > 0 ? p.top_k : 64;
+    for (int order_k : {first_k, kTopkMax}) {
+      if (by_order && order_k > spec_.vocab) order_k = (int)spec_.vocab;
+      if (!sample_once(hidden, hidden_on_device, t, req, greedy, by_order ? order_k : 0, out)) return false;
+      bool again = false;
+      for (int r = 0; r < t; ++r) {
+        if (out[r].status == kSampleNeedsHost) again = true;
+        else if (out[r].status != kSampleOk) return false;  // the host names the row's problem
+      }
+      if (!again) return true;
+      if (p.top_k > 0 || order_k >= kTopkMax || order_k >= spec_.vocab) return false;
+    }
+    return false;
+  }
+
+  bool sample_once(const float* hidden, bool hidden_on_device, int t, SampleRequest& req, bool greedy, int order_k,
+                   SampleResult* out) {
+    DeviceScope scope(ordinal_);
+    const int64_t H = spec_.hidden, V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
+    const SampleParams& p = req.params;
+    const size_t xbytes = (size_t)t * H * sizeof(float);
+    const float* x = hidden;
+    if (!hidden_on_device) x = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
+    normed_.ensure(xbytes, ordinal_, "normed hidden states");
+    if (q8_) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
+    const bool check_x = req.check_hidden && hidden_on_device;
+    // pinned in: params | positions [t]; out: results [t] | first non-finite hidden
+    const size_t pos_at = (sizeof(SampleParams) + 7) / 8 * 8, in_bytes = pos_at + (size_t)t * 8;
+    const size_t bad_at = ((size_t)t * sizeof(SampleResult) + 7) / 8 * 8, out_bytes = bad_at + 8;
+    auto* in_host = static_cast<uint8_t*>(sample_in_host_.ensure(in_bytes));
+    auto* out_host = static_cast<uint8_t*>(sample_out_host_.ensure(out_bytes));
+    std::memcpy(in_host, &p, sizeof p);
+    std::memcpy(in_host + pos_at, req.positions, (size_t)t * 8);
+    auto* in_dev = static_cast<uint8_t*>(sample_in_.ensure(in_bytes, ordinal_, "sampling parameters"));
+    auto* out_dev = static_cast<uint8_t*>(sample_out_.ensure(out_bytes, ordinal_, "samples"));
+    auto* logits = static_cast<float*>(sample_logits_.ensure((size_t)t * V * 4, ordinal_, "logits to sample"));
+    auto* z = static_cast<float*>(sample_z_.ensure((size_t)t * V * 4, ordinal_, "processed logits"));
+    auto* pairs = static_cast<LsePair*>(sample_pairs_.ensure(2 * (size_t)t * tiles * sizeof(LsePair), ordinal_,
+                                                             "sampling tile pairs"));
+    const size_t state_bytes = (size_t)t * (sizeof(SampleRowState) + sizeof(unsigned));
+    auto* state = static_cast<uint8_t*>(sample_state_.ensure(state_bytes, ordinal_, "sampling row state"));
+    void* order = nullptr;
+    void* order_scratch = nullptr;
+    if (order_k > 0) {
+      order = sample_order_.ensure((size_t)t * order_k * (sizeof(int64_t) + sizeof(float)), ordinal_,
+                                   "the kept-set order");
+      order_scratch = sample_topk_.ensure(topk_scratch_bytes(V, t, order_k), ordinal_, "top-k scratch");
+    }
+    const float* bias = nullptr;
+    const uint8_t* allowed = nullptr;
+    if (req.bias) {
+      bias = static_cast<float*>(sample_bias_.ensure((size_t)V * 4, ordinal_, "logit_bias"));
+      check(cudaMemcpyAsync(const_cast<float*>(bias), req.bias, (size_t)V * 4, cudaMemcpyHostToDevice, stream_),
+            "upload of logit_bias");
+    }
+    if (req.allowed) {
+      allowed = static_cast<uint8_t*>(sample_allowed_.ensure((size_t)V, ordinal_, "allowed"));
+      check(cudaMemcpyAsync(const_cast<uint8_t*>(allowed), req.allowed, (size_t)V, cudaMemcpyHostToDevice, stream_),
+            "upload of allowed");
+    }
+    if (!hidden_on_device)
+      check(cudaMemcpyAsync(const_cast<float*>(x), hidden, xbytes, cudaMemcpyHostToDevice, stream_),
+            "upload of the hidden states");
+
+    SampleKargs a;
+    a.x = logits;
+    a.z = z;
+    a.V = V;
+    a.t = t;
+    a.params = reinterpret_cast<const SampleParams*>(in_dev);
+    a.positions = reinterpret_cast<const uint64_t*>(in_dev + pos_at);
+    a.bias = bias;
+    a.allowed = allowed;
+    a.rows = reinterpret_cast<SampleRowState*>(state);
+    a.done = reinterpret_cast<unsigned*>(state + (size_t)t * sizeof(SampleRowState));
+    a.pairs_a = pairs;
+    a.pairs_b = pairs + (size_t)t * tiles;
+    a.order_k = order_k;
+    a.order_ids = static_cast<const int64_t*>(order);
+    a.order_vals = order ? reinterpret_cast<const float*>(static_cast<uint8_t*>(order) +
+                                                          (size_t)t * order_k * sizeof(int64_t))
+                         : nullptr;
+    a.out = reinterpret_cast<SampleResult*>(out_dev);
+    const bool top_p = order_k > 0 && p.top_p < 1.0f;
+    a.kept_raw_pair = order_k > 0 || p.min_p > 0.0f || allowed;  // something may be dropped
+    a.kept_z_pair = a.kept_raw_pair || bias || p.temperature != 1.0f;  // else z is x, bit for bit
+    const SampleKey key{t, order_k, greedy, top_p, check_x, a.kept_z_pair, a.kept_raw_pair, x, bias, allowed, in_dev,
+                        out_dev, logits,
+                        z, pairs, state, order, order_scratch, q8_ ? acts_q8_.mem->ptr : nullptr,
+                        normed_.mem->ptr, in_host, out_host};
+    if (!sample_graph_.exec || !(sample_graph_.key == key)) {
+      sample_graph_.reset();
+      sample_graph_.exec = instantiate(capture_stream([&] {
+        float* normed = static_cast<float*>(normed_.mem->ptr);
+        check(cudaMemcpyAsync(in_dev, in_host, in_bytes, cudaMemcpyHostToDevice, stream_), "upload of sampling parameters");
+        if (check_x) cuda::find_nonfinite(x, (int64_t)t * H, reinterpret_cast<unsigned long long*>(out_dev + bad_at),
+                                          stream_);
+        for (const Step& st : steps_) enqueue(st, x, normed, logits, t);
+        check(cudaMemsetAsync(state, 0, state_bytes, stream_), "zeroing the sampling state");
+        sample_prep(a, stream_);
+        if (!greedy) {
+          if (order_k > 0) {
+            auto* ids = static_cast<int64_t*>(order);
+            cuda::topk(z, V, t, order_k, order_scratch, ids, const_cast<float*>(a.order_vals), stream_);
+            sample_threshold(a, stream_);
+            if (top_p) {
+              sample_kept_pairs(a, false, stream_);
+              sample_top_p(a, stream_);
+            }
+          }
+          sample_kept_pairs(a, true, stream_);
+        }
+        check(cudaMemcpyAsync(out_host, out_dev, out_bytes, cudaMemcpyDeviceToHost, stream_), "download of samples");
+      }), "cudaGraphInstantiate (sample)");
+      sample_graph_.key = key;
+    }
+    check(cudaGraphLaunch(sample_graph_.exec, stream_), "cudaGraphLaunch (sample)");
+    check(cudaStreamSynchronize(stream_), "sample (synchronize)");
+    std::memcpy(out, out_host, (size_t)t * sizeof(SampleResult));
+    unsigned long long bad = 0;
+    std::memcpy(&bad, out_host + bad_at, 8);
+    req.first_nonfinite = check_x && bad < (unsigned long long)(t * H) ? (int64_t)bad : -1;
+    return req.first_nonfinite < 0;
   }
 
   int64_t find_nonfinite(const float* x, int64_t n) override {
@@ -547,13 +668,60 @@ class CudaDevice final : public Device {
   };
   // What score()'s captured graph bakes in.
   struct ScoreKey {
-    int t = 0, m = 0;
-    int64_t U = 0;
-    const void *x, *in, *out, *mini, *small, *chunk, *pairs, *acts_q8, *normed, *out_host;
+    int t = 0, m = 0, group = 0;
+    bool check = false;
+    const void *x, *in, *out, *chunk, *pairs, *acc, *acts_q8, *normed, *out_host;
     bool operator==(const ScoreKey& o) const {
-      return t == o.t && m == o.m && U == o.U && x == o.x && in == o.in && out == o.out && mini == o.mini &&
-             small == o.small && chunk == o.chunk && pairs == o.pairs && acts_q8 == o.acts_q8 && normed == o.normed &&
+      return t == o.t && m == o.m && group == o.group && check == o.check && x == o.x && in == o.in && out == o.out &&
+             chunk == o.chunk && pairs == o.pairs && acc == o.acc && acts_q8 == o.acts_q8 && normed == o.normed &&
              out_host == o.out_host;
+    }
+  };
+  // What sample()'s captured graph bakes in.
+  struct SampleKey {
+    int t = 0, order_k = 0;
+    bool greedy = false, top_p = false, check = false, z_pair = false, raw_pair = false;
+    const void *x, *bias, *allowed, *in, *out, *logits, *z, *pairs, *state, *order, *order_scratch, *acts_q8,
+        *normed, *in_host, *out_host;
+    bool operator==(const SampleKey& o) const {
+      return t == o.t && order_k == o.order_k && greedy == o.greedy && top_p == o.top_p && check == o.check &&
+             z_pair == o.z_pair && raw_pair == o.raw_pair &&
+             x == o.x && bias == o.bias && allowed == o.allowed && in == o.in && out == o.out &&
+             logits == o.logits && z == o.z && pairs == o.pairs && state == o.state && order == o.order &&
+             order_scratch == o.order_scratch && acts_q8 == o.acts_q8 && normed == o.normed &&
+             in_host == o.in_host && out_host == o.out_host;
+    }
+  };
+  // vocab_reduce's scratch for t rows of m chosen ids: the tile pairs, and the
+  // accumulators (ahead [t x m], done [t]) zeroed when allocated -- the kernel
+  // leaves them zero, so graphs replay without a memset node.
+  struct ReduceScratch {
+    Scratch pairs, acc;
+    int t = 0, m = 0;
+    void ensure(int rows, int ids, int64_t V, int ordinal, cudaStream_t stream) {
+      const int64_t tiles = (V + kLseTile - 1) / kLseTile;
+      pairs.ensure((size_t)rows * tiles * lse_pair_bytes(), ordinal, "logsumexp tile pairs");
+      const size_t bytes = (size_t)rows * ids * 8 + (size_t)rows * 4;
+      if (!acc.mem || acc.mem->bytes < bytes || rows > t || ids > m) {
+        acc.ensure(std::max<size_t>(bytes, 8), ordinal, "vocab_reduce accumulators");
+        check(cudaMemsetAsync(acc.mem->ptr, 0, acc.mem->bytes, stream), "zeroing the accumulators");
+        check(cudaStreamSynchronize(stream), "zeroing the accumulators (synchronize)");
+        t = std::max(t, rows);
+        m = std::max(m, ids);
+      }
+    }
+    // the layout for `rows` x `ids` (ahead_acc first, then done)
+    VocabReduceArgs args(const float* y, int64_t V, int rows, int ids) const {
+      VocabReduceArgs a;
+      a.y = y;
+      a.ld = V;
+      a.n = V;
+      a.t = rows;
+      a.m = ids;
+      a.pairs = static_cast<LsePair*>(pairs.mem->ptr);
+      a.ahead_acc = static_cast<unsigned long long*>(acc.mem->ptr);
+      a.done = reinterpret_cast<unsigned*>(static_cast<uint8_t*>(acc.mem->ptr) + (size_t)rows * ids * 8);
+      return a;
     }
   };
   // An executable graph and the key it was captured for.
@@ -752,13 +920,9 @@ class CudaDevice final : public Device {
   // cheaper than a new instantiation -- or, when the update is refused,
   // instantiated anew.
   cudaGraphExec_t route_graph(RouteGraph& g, const float* x, float* normed, float* logits, int t, bool log_softmax) {
-    if (log_softmax) {  // the buffers the capture bakes in, sized before the key is taken
-      lsm_pairs_.ensure((size_t)t * ((spec_.vocab + kLseTile - 1) / kLseTile) * lse_pair_bytes(), ordinal_,
-                        "logsumexp tile pairs");
-      lsm_lse_.ensure((size_t)t * 4, ordinal_, "logsumexps");
-    }
+    if (log_softmax) ensure_log_softmax(t);  // the buffers the capture bakes in, sized before the key is taken
     const RouteKey key{t, x, normed, logits, q8_ ? acts_q8_.mem->ptr : nullptr,
-                       log_softmax ? lsm_pairs_.mem->ptr : nullptr, log_softmax ? lsm_lse_.mem->ptr : nullptr,
+                       log_softmax ? lsm_reduce_.pairs.mem->ptr : nullptr, log_softmax ? lsm_lse_.mem->ptr : nullptr,
                        log_softmax};
     if (g.exec && g.key == key) return g.exec;
     cudaGraph_t graph = capture_graph(x, normed, logits, t, false, log_softmax);
@@ -828,10 +992,16 @@ class CudaDevice final : public Device {
   bool q8_ = false;  // the route's matvec quantizes the activations
   std::unique_ptr<DeviceMemory> weight_, gamma_;
   Scratch hidden_, normed_, topk_scratch_, topk_out_, flag_, acts_q8_;
-  Scratch score_ids_, score_out_, score_mini_, score_small_, score_chunk_, score_pairs_;  // score()
+  Scratch score_ids_, score_out_, score_chunk_;  // score()
+  ReduceScratch score_reduce_;
   PinnedScratch score_in_host_, score_out_host_;
   ScoreGraph score_graph_;
-  Scratch lsm_pairs_, lsm_lse_;  // log_softmax()
+  ReduceScratch lsm_reduce_;  // log_softmax()
+  Scratch sample_in_, sample_out_, sample_logits_, sample_z_, sample_pairs_, sample_state_, sample_order_,
+      sample_topk_, sample_bias_, sample_allowed_;  // sample()
+  PinnedScratch sample_in_host_, sample_out_host_;
+  CachedGraph<SampleKey> sample_graph_;
+  Scratch lsm_lse_;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
 };
 

@@ -9,6 +9,8 @@
 #include <cstdint>
 
 #include "muser/kernel_args.h"
+#include "muser/logsumexp.h"
+#include "muser/sample.h"
 
 namespace muser::cuda {
 
@@ -73,6 +75,8 @@ void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int
                       cudaStream_t stream);
 // y = W x with a's quantized activations (t <= 64 per launch; larger t in tiles).
 void matvec_q8(const Q8Args& a, cudaStream_t stream);
+// Tokens [k0, k0 + count) of a's activations, written from row k0 of a.y.
+Q8Args q8_tokens(const Q8Args& a, int k0, int count);
 
 // ---- topk.cu: the k best logits of each row (ties: lowest id; NaN never beats a number) ----
 // scratch must hold topk_scratch_bytes(V, t, k) bytes; ids/vals are device [t x k].
@@ -84,27 +88,75 @@ void topk(const float* logits, int64_t V, int t, int k, void* scratch, int64_t* 
 // ---- vocab_reduce.cu: the consumer's reductions over the vocabulary (muser/logsumexp.h) ----
 // Bytes of one (max, sum) pair of a tile.
 size_t lse_pair_bytes();
-// The pairs of the tiles of n logits of each of t rows y[k * ld + i] (n from a
-// tile boundary), written at pairs[k * tiles_total + tile0 + tile].
-void lse_tiles(const float* y, int64_t ld, int64_t n, int t, int64_t tile0, int64_t tiles_total, void* pairs,
-               cudaStream_t stream);
-// lse[k] = the logsumexp of row k's tiles_total pairs (joined in place by lse_tree).
-void lse_finish(void* pairs, int64_t tiles, int t, float* lse, cudaStream_t stream);
-// For each of row k's m chosen ids (ids, their logits in values, [t x m]): adds
-// the ids among the n logits y[k * ld + i] (ids r0 + i) ranked ahead of it to ahead.
-void rank_count(const float* y, int64_t ld, int64_t n, int t, int64_t r0, const int64_t* ids, const float* values,
-                int m, unsigned long long* ahead, cudaStream_t stream);
-// mini (device_weight_bytes(type, U, row_bytes)) = rows uniq[0..U) of the weight w, in the device layout.
-void gather_rows(const uint8_t* w, uint32_t type, int64_t row_bytes, const int64_t* uniq, int64_t U, uint8_t* mini,
-                 cudaStream_t stream);
-// values[q] = mini_logits[(q / m) * U + slot[q]] and ahead[q] = 0 for q < t * m.
-void gather_values(const float* mini_logits, const int* slot, int t, int m, int64_t U, float* values,
-                   unsigned long long* ahead, cudaStream_t stream);
+// One launch over t rows of n logits y[k * ld + i]: lse[k] = the row's
+// canonical logsumexp; for its m chosen ids ids[k * m + q]: values = their
+// logits, ahead = the count of ids ranked ahead (ranks_ahead). Scratch: pairs
+// [t x tiles]; ahead_acc [t x m] and done [t] must be zero before the first
+// launch, and the kernel leaves them zero.
+struct VocabReduceArgs {
+  const float* y = nullptr;
+  int64_t ld = 0, n = 0;
+  int t = 0, m = 0;
+  const int64_t* ids = nullptr;
+  LsePair* pairs = nullptr;
+  unsigned long long* ahead_acc = nullptr;
+  unsigned* done = nullptr;
+  float* lse = nullptr;
+  float* values = nullptr;
+  unsigned long long* ahead = nullptr;
+};
+void vocab_reduce(const VocabReduceArgs& a, cudaStream_t stream);
+// ---- sample.cu: one draw per row on the device (muser/sample.h's sample_row) ----
+// A row's state across the sampling kernels; all zero (memset) before sample_prep.
+struct SampleRowState {
+  unsigned long long top_key;   // the first largest z as an order key (0: no finite z)
+  unsigned long long race_key;  // the race's best (key bits, ~id)
+  unsigned bad;                 // ~ the first id whose z is not finite (0: none)
+  unsigned finite;              // tokens with z > -inf
+  int32_t cut_count;            // tokens the order cut keeps (top_k's count, or all)
+  int32_t has_cut;              // 0: no order cut; else the last kept (thr_z, thr_id)
+  int32_t thr_id;
+  float thr_z;
+  float row_lse;                // the logits' canonical logsumexp
+  LsePair cut_pair;             // the pair of the z top_k keeps (top_p's m, s)
+  int32_t needs_host;           // top_p's prefix ran past the order's K ids
+};
+// The status of a row the device leaves to the host sampler (a top_p prefix
+// longer than the order it ranked).
+constexpr int32_t kSampleNeedsHost = 3;
+struct SampleKargs {
+  const float* x = nullptr;  // logits [t x V]
+  float* z = nullptr;        // scratch [t x V]: the processed logits, -inf where dropped
+  int64_t V = 0;
+  int t = 0;
+  const SampleParams* params = nullptr;  // device copy (the graph's parameters stay its own)
+  const float* bias = nullptr;           // device [V] or null
+  const uint8_t* allowed = nullptr;      // device [V] or null
+  const uint64_t* positions = nullptr;   // device [t]
+  SampleRowState* rows = nullptr;        // device [t]
+  unsigned* done = nullptr;              // device [t], zero at rest (the kernels leave it zero)
+  LsePair* pairs_a = nullptr;            // [t x tiles]
+  LsePair* pairs_b = nullptr;            // [t x tiles]
+  const int64_t* order_ids = nullptr;    // cuda::topk of z: [t x order_k]
+  const float* order_vals = nullptr;
+  int order_k = 0;
+  // which pairs sample_final computes: the kept z's (else z is x and nothing
+  // is dropped: the logits' own logsumexp) and the kept raw logits' (else
+  // nothing is dropped: the kept set's raw mass is the whole row's)
+  bool kept_z_pair = true, kept_raw_pair = true;
+  SampleResult* out = nullptr;  // device [t]
+};
+void sample_prep(const SampleKargs& a, cudaStream_t stream);
+void sample_threshold(const SampleKargs& a, cudaStream_t stream);
+void sample_kept_pairs(const SampleKargs& a, bool final_pass, cudaStream_t stream);
+void sample_top_p(const SampleKargs& a, cudaStream_t stream);
+
 // y[k, i] -= lse[k] over t rows of V logits: log-softmax in place.
 void subtract_rows(float* y, int64_t V, int t, const float* lse, cudaStream_t stream);
 
 // ---- checks.cu ----
-// first_bad[0] = lowest index of a NaN/inf among x[0..n), or n when all are finite.
+// first_bad[0] = lowest index of a NaN/inf among x[0..n), or a value >= n when all are finite
+// (capturable into a graph).
 void find_nonfinite(const float* x, int64_t n, unsigned long long* first_bad, cudaStream_t stream);
 
 // ---- bandwidth.cu: the read limit the bench divides by ----

@@ -233,16 +233,19 @@ int q8_token_tile(uint32_t type) {
   return 32;
 }
 
+Q8Args q8_tokens(const Q8Args& a, int k0, int count) {
+  Q8Args s = a;
+  s.t = count;
+  s.xq = a.xq + k0 * a.xq_pitch;
+  s.meta = a.meta + k0 * a.meta_per_token * q8_rec_bytes(q8_kind(a.type));
+  s.y = a.y + k0 * a.ldy;
+  return s;
+}
+
 void matvec_q8(const Q8Args& a, cudaStream_t stream) {
   const int kTokenTile = q8_token_tile(a.type);  // t <= kTokenTile reads the weight once, larger t once per tile
-  const Q8Kind kind = q8_kind(a.type);
-  const int64_t rec_bytes_per_token = a.meta_per_token * q8_rec_bytes(kind);
   for (int k0 = 0; k0 < a.t; k0 += kTokenTile) {
-    Q8Args tile = a;
-    tile.t = std::min(kTokenTile, a.t - k0);
-    tile.xq = a.xq + k0 * a.xq_pitch;
-    tile.meta = a.meta + k0 * rec_bytes_per_token;
-    tile.y = a.y + k0 * a.ldy;
+    const Q8Args tile = q8_tokens(a, k0, std::min(kTokenTile, a.t - k0));
     switch (a.type) {
       case (uint32_t)GgmlType::Q5_K: matvec_q8_q5_k(tile, stream); break;
       case (uint32_t)GgmlType::Q4_K: matvec_q8_q4_k(tile, stream); break;

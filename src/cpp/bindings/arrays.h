@@ -28,4 +28,13 @@ inline bool c_contiguous(const AnyArray& a) {
   return true;
 }
 
+// A new [rows, cols] numpy array that owns its memory (uninitialized).
+template <class T>
+nanobind::ndarray<nanobind::numpy, T, nanobind::ndim<2>> owned(size_t rows, size_t cols) {
+  T* p = new T[rows * cols > 0 ? rows * cols : 1];
+  nanobind::capsule owner(p, [](void* q) noexcept { delete[] static_cast<T*>(q); });
+  size_t shape[2] = {rows, cols};
+  return nanobind::ndarray<nanobind::numpy, T, nanobind::ndim<2>>(p, 2, shape, owner);
+}
+
 }  // namespace muser::py

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <optional>
 
+#include "arrays.h"
 #include "bindings.h"
 #include "cpu/bandwidth.h"
 #include "cpu/isa.h"
@@ -35,14 +36,6 @@ uint32_t q8_weight_type(const std::string& name) {
     if (tt.name && name == tt.name && is_q8_type(id)) return id;
   }
   throw ArgValueError("acts='q8' weight type must be one of " + q8_type_list() + "; got '" + name + "'");
-}
-
-template <class T>
-nb::ndarray<nb::numpy, T, nb::ndim<2>> owned(size_t rows, size_t cols) {
-  T* p = new T[rows * cols > 0 ? rows * cols : 1];
-  nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<T*>(q); });
-  size_t shape[2] = {rows, cols};
-  return nb::ndarray<nb::numpy, T, nb::ndim<2>>(p, 2, shape, owner);
 }
 
 }  // namespace

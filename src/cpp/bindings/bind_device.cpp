@@ -20,6 +20,7 @@
 
 #include "arrays.h"
 #include "bindings.h"
+#include "sample_args.h"
 #include "errors.h"
 #include "head.h"
 
@@ -97,6 +98,7 @@ nb::dict caps_dict(const DeviceCaps& c) {
   d["compute_device"] = c.compute_device;
   d["ordinal"] = c.ordinal;
   d["max_topk"] = c.max_topk;
+  d["sample_on_device"] = c.sample_on_device;
   return d;
 }
 
@@ -199,25 +201,73 @@ void bind_device(nb::module_& m) {
     for (int64_t q = 0; q < t * m; ++q)
       if (id[q] < 0 || id[q] >= V)
         throw ArgValueError("token id " + std::to_string(id[q]) + " is outside [0, " + std::to_string(V) + ")");
-    std::vector<float> lse((size_t)t), values((size_t)(t * m));
-    std::vector<int64_t> ranks((size_t)(t * m));
+    auto lse = owned<float>(1, (size_t)t);
+    auto values = owned<float>((size_t)t, (size_t)m);
+    auto ranks = owned<int64_t>((size_t)t, (size_t)m);
     {
       nb::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(h->mutex());
       h->check_file();
-      const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite);
+      // a device hidden state is checked inside the device's own work (no round trip of its own)
+      const bool device_checks = check_finite && !hidden;
+      const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite && !device_checks);
       VocabScores out;
       out.m = m;
       out.ids = id;
       out.lse = lse.data();
       out.values = values.data();
       out.ranks = ranks.data();
+      out.check_hidden = device_checks;
       dev.score(in.ptr, in.resident, (int)t, out);
+      if (out.first_nonfinite >= 0) {
+        float v = 0;
+        dev.download(in.ptr + out.first_nonfinite, &v, 1);
+        throw_nonfinite(out.first_nonfinite, h->spec().hidden, v);
+      }
     }
     return nb::make_tuple(values, ranks, lse);
   }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("ids"),
   nb::arg("check_finite"),
   "Run the route and reduce its logits over the vocabulary (Device::score): (values [t*m], ranks [t*m], lse [t]).");
+
+  m.def("device_sample", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t address, int64_t t,
+                            U64s positions, uint64_t seed, float temperature, int top_k, float top_p, float min_p,
+                            std::optional<Row> bias, std::optional<Mask> allowed, bool check_finite) -> nb::object {
+    Device& dev = h->device();
+    const int64_t V = h->spec().vocab;
+    if ((int64_t)positions.shape(0) != t)
+      throw ArgValueError("positions must hold one value per row (" + std::to_string(t) + ")");
+    SampleRequest req;
+    req.params = params_of(seed, temperature, top_k, top_p, min_p, V);
+    req.bias = bias_ptr(bias, V);
+    req.allowed = allowed_ptr(allowed, V);
+    req.positions = positions.data();
+    std::vector<SampleResult> res((size_t)std::max<int64_t>(t, 1));
+    bool drawn = false;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(h->mutex());
+      h->check_file();
+      const bool device_checks = check_finite && !hidden;  // as device_score
+      const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite && !device_checks);
+      req.check_hidden = device_checks;
+      drawn = dev.sample(in.ptr, in.resident, (int)t, req, res.data());
+    }
+    if (!drawn) return nb::none();  // the caller samples host logits (and names any row's problem)
+    auto tokens = owned<int64_t>(1, (size_t)t);
+    auto lp = owned<float>(1, (size_t)t), plp = owned<float>(1, (size_t)t), mass = owned<float>(1, (size_t)t);
+    for (int64_t r = 0; r < t; ++r) {
+      tokens.data()[r] = res[(size_t)r].token;
+      lp.data()[r] = res[(size_t)r].logprob;
+      plp.data()[r] = res[(size_t)r].processed_logprob;
+      mass.data()[r] = res[(size_t)r].kept_mass;
+    }
+    return nb::make_tuple(tokens, lp, plp, mass);
+  }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("positions"),
+  nb::arg("seed"), nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"), nb::arg("min_p"),
+  nb::arg("bias").none(), nb::arg("allowed").none(), nb::arg("check_finite"),
+  "Run the route and draw one token per row on the device (Device::sample): (tokens, logprobs, "
+  "processed_logprobs, kept_mass), or None where the device leaves the draw to the host.");
 }
 
 }  // namespace muser::py

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "sample_args.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
 #include "cpu/sample.h"
@@ -23,9 +24,6 @@ namespace muser::py {
 namespace {
 
 using Rows = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using Row = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using Mask = nb::ndarray<const bool, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using U64s = nb::ndarray<const uint64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using I64s = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 // A new numpy array of n values owned by a capsule.
@@ -35,26 +33,6 @@ nb::ndarray<nb::numpy, T, nb::ndim<1>> owned_array(std::vector<T>&& v) {
   nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
   size_t shape[1] = {heap->size()};
   return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), 1, shape, owner);
-}
-
-// bias [V] / allowed [V] as the pointers sample_row takes (null when absent).
-const float* bias_ptr(const std::optional<Row>& bias, int64_t V) {
-  if (!bias) return nullptr;
-  if ((int64_t)bias->shape(0) != V) throw ArgValueError("logit_bias must have shape [" + std::to_string(V) + "]");
-  return bias->data();
-}
-const uint8_t* allowed_ptr(const std::optional<Mask>& allowed, int64_t V) {
-  if (!allowed) return nullptr;
-  if ((int64_t)allowed->shape(0) != V) throw ArgValueError("allowed must have shape [" + std::to_string(V) + "]");
-  static_assert(sizeof(bool) == 1, "bool masks are read as bytes");
-  return reinterpret_cast<const uint8_t*>(allowed->data());
-}
-
-SampleParams params_of(uint64_t seed, float temperature, int top_k, float top_p, float min_p, int64_t V) {
-  if (!(temperature >= 0.0f) || !(top_p > 0.0f && top_p <= 1.0f) || !(min_p >= 0.0f && min_p <= 1.0f) ||
-      top_k < 0 || top_k > V)
-    throw ArgValueError("sampling parameters out of range (muser._sampling validates them)");
-  return SampleParams{temperature, (int32_t)top_k, top_p, min_p, seed};
 }
 
 // The error of a row whose processed logits hold no usable token.

@@ -214,7 +214,7 @@ class CpuDevice final : public Device {
   // in cache. The chosen ids' logits come first, from their rows alone (a
   // row's dot product does not depend on its neighbours: docs/numerics.md), so
   // each tile can count the ids ahead of them.
-  void score(const float* hidden, bool hidden_resident, int t, const VocabScores& out) override {
+  void score(const float* hidden, bool hidden_resident, int t, VocabScores& out) override {
     if (hidden_resident) Device::score(hidden, hidden_resident, t, out);  // refuses, saying why
     const int64_t H = spec_.hidden, V = spec_.vocab, m = out.m;
     normed_.resize((size_t)t * (size_t)H);

@@ -1,0 +1,324 @@
+// Seeded sampling on the device (docs/numerics.md, "Sampling"): muser/sample.h's
+// sample_row with its steps spread over the GPU, the same operations on the
+// same operands, so the CPU's bits.
+//
+//   sample_prep    z = processed logits (bias, allowed, temperature) into a
+//                  scratch row, the first non-finite z, the top token (first
+//                  largest z), the count of finite z, the logits' canonical
+//                  logsumexp; greedy rows are finished here.
+//   (top_k/top_p)  cuda::topk over z gives the kept-set order's first K ids;
+//                  sample_threshold takes top_k's cut from it; sample_pairs
+//                  the (m, s) of the z top_k keeps; sample_top_p walks the
+//                  order adding e^(z - m) in sequence, as sample_top_p_count.
+//   sample_final   the kept set (the order's cut, min_p), the canonical pairs
+//                  of its z and of its raw logits, and the exponential race
+//                  (largest e^(z - m) / E, ties to the lower id: a maximum,
+//                  so any split of the race finds the serial winner).
+//
+// Every kernel but the walk runs a CTA per (row, tile of kLseTile ids); the
+// CTA that finishes a row's last tile joins the row (tile_reduce.cuh).
+#include "cuda_check.h"
+#include "kernels.h"
+#include "muser/sample.h"
+#include "tile_reduce.cuh"
+
+namespace muser::cuda {
+
+namespace {
+
+constexpr unsigned kNoId = 0xFFFFFFFFu;
+
+// (z, id) as one key whose larger value is earlier in the kept-set order
+// (sample_before: larger z, then lower id); finite z only.
+__device__ __forceinline__ unsigned long long order_key(float z, unsigned id) {
+  unsigned u = __float_as_uint(z);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  if (z == 0.0f) u = 0x80000000u;  // -0 and +0 are one value
+  return ((unsigned long long)u << 32) | (kNoId - id);
+}
+__device__ __forceinline__ unsigned key_id(unsigned long long key) { return kNoId - (unsigned)key; }
+
+__device__ __forceinline__ unsigned long long warp_max(unsigned long long v) {
+  for (int off = 16; off >= 1; off >>= 1) {
+    const unsigned long long o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = o > v ? o : v;
+  }
+  return v;
+}
+
+// The row's largest z (the top token is always kept): its z, 0 without one.
+__device__ __forceinline__ float row_top_z(const SampleKargs& a, int64_t k) {
+  const unsigned long long key = a.rows[k].top_key;
+  return key ? a.z[k * a.V + key_id(key)] : 0.0f;
+}
+
+// Whether (z, id) is kept by the row's order cut.
+__device__ __forceinline__ bool within_cut(const SampleRowState& r, float z, int id) {
+  return !r.has_cut || sample_before(z, id, r.thr_z, r.thr_id) || id == r.thr_id;
+}
+
+__global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKargs a) {
+  __shared__ TileSmem sm;
+  __shared__ unsigned long long warp_top[kTileWarps];
+  __shared__ unsigned warp_bad[kTileWarps], warp_finite[kTileWarps];
+  const int lane = threadIdx.x % kCanonLanes, warp = threadIdx.x / kCanonLanes;
+  const int64_t k = blockIdx.y, tile = blockIdx.x, i0 = tile * kLseTile;
+  const int tiles = (int)gridDim.x;
+  const int count = (int)(a.V - i0 < kLseTile ? a.V - i0 : kLseTile);
+  const SampleParams p = *a.params;
+  const float* x = a.x + k * a.V;
+  float* z = a.z + k * a.V;
+  const float neg_inf = lse_neg_inf();
+  float v[kStepsPerThread];
+  unsigned long long top = 0;
+  unsigned bad = 0, finite = 0;  // bad: kNoId - the lowest bad id, 0 for none
+#pragma unroll
+  for (int j = 0; j < kStepsPerThread; ++j) {
+    const int i = tile_step_index(j);
+    const int id = (int)i0 + i;
+    v[j] = neg_inf;
+    if (i >= count) continue;
+    v[j] = x[id];
+    // sample_processed, one token
+    float w = neg_inf;
+    if (!a.allowed || a.allowed[id]) {
+      w = a.bias ? v[j] + a.bias[id] : v[j];
+      bool ok = w - w == 0.0f;  // false for NaN and +-inf
+      if (ok && p.temperature > 0.0f) {
+        w = w / p.temperature;
+        ok = w - w == 0.0f;  // a tiny temperature can overflow
+      } else if (w == neg_inf) {
+        ok = true;  // a -inf logit is a token of probability 0: it stays out
+      }
+      if (!ok) {
+        const unsigned b = kNoId - (unsigned)id;
+        bad = b > bad ? b : bad;
+        w = neg_inf;
+      }
+    }
+    z[id] = w;
+    if (w != neg_inf) {
+      ++finite;
+      const unsigned long long key = order_key(w, (unsigned)id);
+      top = key > top ? key : top;
+    }
+  }
+  top = warp_max(top);
+  for (int off = 16; off >= 1; off >>= 1) {
+    const unsigned o = __shfl_xor_sync(0xffffffffu, bad, off);
+    bad = o > bad ? o : bad;
+    finite += __shfl_xor_sync(0xffffffffu, finite, off);
+  }
+  if (lane == 0) {
+    warp_top[warp] = top;
+    warp_bad[warp] = bad;
+    warp_finite[warp] = finite;
+  }
+  const LsePair pair = tile_pair(v, sm);  // the logits' own pair: score's logsumexp
+  SampleRowState& row = a.rows[k];
+  if (threadIdx.x == 0) {
+    a.pairs_a[k * tiles + tile] = pair;
+    for (int w = 1; w < kTileWarps; ++w) {
+      top = warp_top[w] > top ? warp_top[w] : top;
+      bad = warp_bad[w] > bad ? warp_bad[w] : bad;
+      finite += warp_finite[w];
+    }
+    if (top) atomicMax(&row.top_key, top);
+    if (bad) atomicMax(&row.bad, bad);
+    if (finite) atomicAdd(&row.finite, finite);
+  }
+  if (!finished_row(a.done + k, (unsigned)tiles, sm) || warp != 0) return;
+  const LsePair root = join_row(a.pairs_a + k * tiles, tiles, sm);
+  if (lane != 0) return;
+  a.done[k] = 0;
+  const float lse = lse_value(root);
+  row.row_lse = lse;
+  SampleResult& r = a.out[k];
+  const unsigned long long top_key = __ldcg(&row.top_key);
+  const unsigned bad_key = __ldcg(&row.bad);
+  r = SampleResult{kSampleOk, 0, 0.0f, 0.0f, 0.0f};
+  if (bad_key) {
+    r.status = kSampleNonFinite;
+    r.token = (int32_t)(kNoId - bad_key);
+  } else if (!top_key) {
+    r.status = kSampleEmpty;
+    r.token = -1;
+  } else if (!(p.temperature > 0.0f)) {  // greedy: the kept set is the top token alone (sample_raw_side)
+    r.token = (int32_t)key_id(top_key);
+    const float xt = x[r.token];
+    const float d = xt - lse;
+    r.logprob = xt - lse;
+    r.kept_mass = canon_exp_nonpos(d < 0.0f ? d : 0.0f);
+  }
+}
+
+// One warp per row: top_k's cut from the order (sample_kept_set: only when
+// top_k < the count of finite z), the last kept (z, id) as the threshold.
+__global__ void sample_threshold_kernel(SampleKargs a) {
+  const int64_t k = blockIdx.x;
+  if (threadIdx.x != 0) return;
+  const SampleParams p = *a.params;
+  SampleRowState& r = a.rows[k];
+  r.has_cut = 0;
+  r.cut_count = (int)r.finite;
+  if (p.top_k > 0 && (unsigned)p.top_k < r.finite) {
+    const int64_t at = k * a.order_k + (p.top_k - 1);
+    r.has_cut = 1;
+    r.thr_id = (int32_t)a.order_ids[at];
+    r.thr_z = a.order_vals[at];
+    r.cut_count = p.top_k;
+  }
+}
+
+// The kept set's pairs: with final = false, the pair of the z the order cut
+// keeps (top_p's (m, s)); with final = true, also min_p, the pair of the raw
+// logits it keeps and the race, and the finish of each row's draw.
+template <bool kFinal>
+__global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKargs a) {
+  __shared__ TileSmem sm;
+  __shared__ unsigned long long warp_race[kTileWarps];
+  const int lane = threadIdx.x % kCanonLanes, warp = threadIdx.x / kCanonLanes;
+  const int64_t k = blockIdx.y, tile = blockIdx.x, i0 = tile * kLseTile;
+  const int tiles = (int)gridDim.x;
+  const int count = (int)(a.V - i0 < kLseTile ? a.V - i0 : kLseTile);
+  const SampleParams p = *a.params;
+  const SampleRowState& row = a.rows[k];
+  const float* x = a.x + k * a.V;
+  const float* z = a.z + k * a.V;
+  const float neg_inf = lse_neg_inf();
+  const float m = row_top_z(a, k);
+  const uint64_t position = a.positions[k];
+  // the race's pruning bound from the top token's key (sample_race stands on it
+  // first): a token below it cannot win, so its clock is never drawn
+  float z_floor = lse_neg_inf();
+  if (kFinal && row.top_key) {
+    const int top = (int)key_id(row.top_key);
+    z_floor = race_z_floor(sample_race_key(m, m, p.seed, position, top));
+  }
+  const bool z_pair = !kFinal || a.kept_z_pair, raw_pair = kFinal && a.kept_raw_pair;
+  float zk[kStepsPerThread], xk[kStepsPerThread];
+  unsigned long long race = 0;
+#pragma unroll
+  for (int j = 0; j < kStepsPerThread; ++j) {
+    const int i = tile_step_index(j);
+    const int id = (int)i0 + i;
+    zk[j] = neg_inf;
+    xk[j] = neg_inf;
+    if (i >= count) continue;
+    const float zi = z[id];
+    bool kept = zi != neg_inf && within_cut(row, zi, id);
+    if (kFinal && kept && p.min_p > 0.0f && canon_exp_nonpos(zi - m) < p.min_p) kept = false;
+    if (!kept) continue;
+    zk[j] = zi;
+    if (kFinal) {
+      if (raw_pair) xk[j] = x[id];
+      if (zi - m < z_floor) continue;
+      const float key = sample_race_key(zi, m, p.seed, position, id);
+      const unsigned long long packed = ((unsigned long long)__float_as_uint(key) << 32) | (kNoId - (unsigned)id);
+      race = packed > race ? packed : race;  // keys are >= 0: their bits order as they do
+    }
+  }
+  if (kFinal) {
+    race = warp_max(race);
+    if (lane == 0) warp_race[warp] = race;
+  }
+  LsePair zpair = lse_empty(), xpair = lse_empty();
+  if (z_pair) zpair = tile_pair(zk, sm);  // uniform over the CTA: every thread calls or none
+  if (raw_pair) xpair = tile_pair(xk, sm);
+  if (threadIdx.x == 0) {
+    a.pairs_a[k * tiles + tile] = zpair;
+    if (kFinal) {
+      a.pairs_b[k * tiles + tile] = xpair;
+      for (int w = 1; w < kTileWarps; ++w) race = warp_race[w] > race ? warp_race[w] : race;
+      if (race) atomicMax(&a.rows[k].race_key, race);
+    }
+  }
+  if (!finished_row(a.done + k, (unsigned)tiles, sm) || warp != 0) return;
+  LsePair kept_pair = lse_empty(), raw_root = lse_empty();
+  if (z_pair) kept_pair = join_row(a.pairs_a + k * tiles, tiles, sm);
+  if (raw_pair) raw_root = join_row(a.pairs_b + k * tiles, tiles, sm);
+  if (lane != 0) return;
+  a.done[k] = 0;
+  SampleRowState& r = a.rows[k];
+  if (!kFinal) {
+    r.cut_pair = kept_pair;
+    return;
+  }
+  SampleResult& out = a.out[k];
+  if (out.status != kSampleOk) return;  // sample_prep's verdict stands
+  if (r.needs_host) {
+    out.status = kSampleNeedsHost;
+    return;
+  }
+  const unsigned long long race_key = __ldcg(&r.race_key);
+  out.token = (int32_t)key_id(race_key);
+  out.processed_logprob = z[out.token] - (z_pair ? lse_value(kept_pair) : r.row_lse);
+  const float d = (raw_pair ? lse_value(raw_root) : r.row_lse) - r.row_lse;  // sample_raw_side
+  out.logprob = x[out.token] - r.row_lse;
+  out.kept_mass = canon_exp_nonpos(d < 0.0f ? d : 0.0f);
+}
+
+// One warp per row: top_p's cut (sample_top_p_count) over the first of the
+// order's K entries -- the exps at once across the lanes, their sum in order
+// by lane 0. The cut's last token becomes the threshold; a prefix longer
+// than K marks the row for the host.
+__global__ void sample_top_p_kernel(SampleKargs a) {
+  __shared__ float w[kTopkMax];
+  const int64_t k = blockIdx.x;
+  const int lane = threadIdx.x;
+  const SampleParams p = *a.params;
+  SampleRowState& r = a.rows[k];
+  const int n = r.cut_count < a.order_k ? r.cut_count : a.order_k;
+  const float m = r.cut_pair.m, s = r.cut_pair.s;
+  for (int j = lane; j < n; j += 32) w[j] = canon_exp_nonpos(a.order_vals[k * a.order_k + j] - m);
+  __syncwarp();
+  if (lane != 0) return;
+  const float target = p.top_p * s;
+  float c = 0.0f;
+  int cut = -1;
+  for (int j = 0; j < n; ++j) {
+    c = c + w[j];
+    if (c >= target) {
+      cut = j + 1;
+      break;
+    }
+  }
+  if (cut < 0) {
+    // not reached: the whole kept set when the order held all of it, else the host walks further
+    if (n < r.cut_count) r.needs_host = 1;
+    return;
+  }
+  if (cut < r.cut_count) {
+    const int64_t at = k * a.order_k + (cut - 1);
+    r.has_cut = 1;
+    r.thr_id = (int32_t)a.order_ids[at];
+    r.thr_z = a.order_vals[at];
+  }
+}
+
+}  // namespace
+
+void sample_prep(const SampleKargs& a, cudaStream_t stream) {
+  const unsigned tiles = (unsigned)((a.V + kLseTile - 1) / kLseTile);
+  sample_prep_kernel<<<dim3(tiles, (unsigned)a.t), kTileThreads, 0, stream>>>(a);
+  check_launch("sample_prep");
+}
+
+void sample_threshold(const SampleKargs& a, cudaStream_t stream) {
+  sample_threshold_kernel<<<(unsigned)a.t, 32, 0, stream>>>(a);
+  check_launch("sample_threshold");
+}
+
+void sample_kept_pairs(const SampleKargs& a, bool final_pass, cudaStream_t stream) {
+  const unsigned tiles = (unsigned)((a.V + kLseTile - 1) / kLseTile);
+  if (final_pass) sample_kept_kernel<true><<<dim3(tiles, (unsigned)a.t), kTileThreads, 0, stream>>>(a);
+  else sample_kept_kernel<false><<<dim3(tiles, (unsigned)a.t), kTileThreads, 0, stream>>>(a);
+  check_launch("sample_kept_pairs");
+}
+
+void sample_top_p(const SampleKargs& a, cudaStream_t stream) {
+  sample_top_p_kernel<<<(unsigned)a.t, 32, 0, stream>>>(a);
+  check_launch("sample_top_p");
+}
+
+}  // namespace muser::cuda
