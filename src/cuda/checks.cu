@@ -19,8 +19,8 @@ __global__ void find_nonfinite_kernel(const float* x, int64_t n, unsigned long l
 }  // namespace
 
 void find_nonfinite(const float* x, int64_t n, unsigned long long* first_bad, cudaStream_t stream) {
-  const unsigned long long none = (unsigned long long)n;
-  check(cudaMemcpyAsync(first_bad, &none, sizeof(none), cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync(first_bad)");
+  // all ones (above every index) by a memset, not an upload from host memory: capturable, no round trip
+  check(cudaMemsetAsync(first_bad, 0xFF, sizeof(unsigned long long), stream), "cudaMemsetAsync(first_bad)");
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 1024);
   if (blocks > 0) find_nonfinite_kernel<<<(unsigned)blocks, threads, 0, stream>>>(x, n, first_bad);
