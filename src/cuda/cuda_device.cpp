@@ -385,9 +385,9 @@ class CudaDevice final : public Device {
   }
 
   // One call in one graph launch (CallRequest): the NaN scan of a resident
-  // hidden state on a side branch of the graph, the route, argmax/top-k, and
-  // one copy of the results (first bad index | ids | values) into pinned
-  // memory; then one synchronize, or none (wait = false: the caller's stream
+  // hidden state on a side branch of the graph, the route, argmax/top-k, whose
+  // kernels write the results (first bad index | ids | values) straight into
+  // mapped pinned memory; then one synchronize, or none (wait = false: the caller's stream
   // orders what follows). On a stream being captured (the caller's CUDA graph)
   // the kernels are enqueued on it directly, into that graph.
   CallResult run_call(const float* hidden, bool hidden_on_device, int t, const CallRequest& req) override {
@@ -446,13 +446,12 @@ class CudaDevice final : public Device {
     ex.log_softmax = req.log_softmax;
     const size_t n_sel = (size_t)t * req.k;
     ex.result_bytes = (scan || req.k) ? 8 + n_sel * (sizeof(int64_t) + sizeof(float)) : 0;
-    Scratch one_off_dev;
-    PinnedScratch one_off_host;
+    MappedHost one_off;
     if (ex.result_bytes) {
-      Scratch& rd = slot ? slot->result_dev : one_off_dev;
-      PinnedScratch& rh = slot ? slot->result_host : one_off_host;
-      ex.result_dev = static_cast<uint8_t*>(rd.ensure(ex.result_bytes, ordinal_, "call results"));
-      ex.result_host = static_cast<uint8_t*>(rh.ensure(ex.result_bytes));
+      MappedHost& res = slot ? slot->results : one_off;
+      res.ensure(ex.result_bytes);
+      ex.result_dev = res.dev;
+      ex.result_host = res.host;
     }
     if (req.k) ensure_select(t, req.k, req.ids_only);
 
@@ -744,8 +743,8 @@ class CudaDevice final : public Device {
     bool ids_only = false;     // argmax (k == 1)
     bool fork = false;         // the scan on a side branch of the graph, beside the route
     bool log_softmax = false;
-    uint8_t* result_dev = nullptr;
-    uint8_t* result_host = nullptr;  // pinned; null: no copy
+    uint8_t* result_dev = nullptr;   // mapped host memory (MappedHost): the kernels write it
+    uint8_t* result_host = nullptr;  // the same bytes, as the host reads them
     size_t result_bytes = 0;
   };
   // Points stream_ (where the enqueue helpers launch) at another stream for a scope.
@@ -755,13 +754,45 @@ class CudaDevice final : public Device {
     StreamSwap(cudaStream_t& s, cudaStream_t use) : slot(s), saved(s) { s = use; }
     ~StreamSwap() { slot = saved; }
   };
+  // Pinned host memory mapped into the device's address space, that grows:
+  // a call's results, written by its kernels straight across the bus (no copy node).
+  struct MappedHost {
+    uint8_t* host = nullptr;
+    uint8_t* dev = nullptr;
+    size_t bytes = 0;
+    void ensure(size_t n) {
+      if (n <= bytes && host) return;
+      release();
+      void* p = nullptr;
+      check(cudaHostAlloc(&p, std::max<size_t>(n, 64), cudaHostAllocPortable | cudaHostAllocMapped),
+            "cudaHostAlloc (call results)");
+      host = static_cast<uint8_t*>(p);
+      void* d = nullptr;
+      const cudaError_t err = cudaHostGetDevicePointer(&d, p, 0);
+      if (err != cudaSuccess) {
+        release();
+        check(err, "cudaHostGetDevicePointer (call results)");
+      }
+      dev = static_cast<uint8_t*>(d);
+      bytes = std::max<size_t>(n, 64);
+    }
+    void release() {
+      if (host) (void)cudaFreeHost(host);
+      (void)cudaGetLastError();
+      host = dev = nullptr;
+      bytes = 0;
+    }
+    MappedHost() = default;
+    MappedHost(const MappedHost&) = delete;
+    MappedHost& operator=(const MappedHost&) = delete;
+    ~MappedHost() { release(); }
+  };
   // A pooled device logits buffer, the route graphs that write it (plain; with
   // the scan; argmax; top-k -- each with and without the scan) and their results.
   struct LogitsSlot {
     std::shared_ptr<DeviceMemory> mem;
     RouteGraph graphs[6];
-    Scratch result_dev;
-    PinnedScratch result_host;
+    MappedHost results;
     cudaStream_t stream = nullptr;  // of the last call that wrote it
     bool async = false;             // that call returned without waiting
     void reset_graphs() {
@@ -915,10 +946,10 @@ class CudaDevice final : public Device {
     if (ex.scan && ex.fork) {  // beside the route: the graph's branches run at once
       check(cudaEventRecord(fork_ev_, stream_), "cudaEventRecord (fork)");
       check(cudaStreamWaitEvent(side_, fork_ev_, 0), "cudaStreamWaitEvent (fork)");
-      cuda::find_nonfinite(x, n, first_bad, side_);
+      first_nonfinite(x, n, first_bad, side_);
       check(cudaEventRecord(join_ev_, side_), "cudaEventRecord (join)");
     } else if (ex.scan) {
-      cuda::find_nonfinite(x, n, first_bad, stream_);
+      first_nonfinite(x, n, first_bad, stream_);
     }
     for (const Step& st : steps_) enqueue(st, x, normed, logits, t);
     if (ex.log_softmax) enqueue_log_softmax(logits, t);
@@ -928,9 +959,6 @@ class CudaDevice final : public Device {
       enqueue_select(logits, t, ex.k, ex.ids_only, ids, vals);
     }
     if (ex.scan && ex.fork) check(cudaStreamWaitEvent(stream_, join_ev_, 0), "cudaStreamWaitEvent (join)");
-    if (ex.result_host)
-      check(cudaMemcpyAsync(ex.result_host, ex.result_dev, ex.result_bytes, cudaMemcpyDeviceToHost, stream_),
-            "download of the call's results");
   }
 
   // The selection's scratch for (t, k), allocated before a capture bakes it in.

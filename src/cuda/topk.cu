@@ -182,10 +182,15 @@ __global__ void chunk_best_kernel(const float* logits, int64_t V, int k, unsigne
     }
   } else {
     // every chunk holds a real key, so the bests are distinct: exactly one has k - 1 above it
+    // (compared from shared memory: a loop of dependent L2 loads costs microseconds)
+    __shared__ unsigned long long bests[kSelRankKeys];
+    const unsigned n = chunks < (unsigned)kSelRankKeys ? chunks : (unsigned)kSelRankKeys;
+    for (unsigned c = threadIdx.x; c < n; c += kSelThreads) bests[c] = __ldcg(row_best + c);
+    __syncthreads();
     for (unsigned c = threadIdx.x; c < chunks; c += kSelThreads) {
-      const unsigned long long v = __ldcg(row_best + c);
+      const unsigned long long v = c < n ? bests[c] : __ldcg(row_best + c);
       int above = 0;
-      for (unsigned d = 0; d < chunks; ++d) above += __ldcg(row_best + d) > v;
+      for (unsigned d = 0; d < chunks; ++d) above += (d < n ? bests[d] : __ldcg(row_best + d)) > v;
       if (above == k - 1) threshold[row] = v;
     }
     if (threadIdx.x == 0) done[row] = 0;
