@@ -406,6 +406,11 @@ class CudaDevice final : public Device {
     }
     const bool scan = req.check_finite && hidden_on_device;
     const bool wait = req.wait || scan || req.k > 0 || !req.has_stream;
+    // A call that waits anyway on the legacy default stream (PyTorch's and CuPy's unless told
+    // otherwise) runs on our own blocking stream instead: the same order both ways, and a
+    // cheaper synchronize than the legacy stream's.
+    const bool legacy = s == nullptr || s == cudaStreamLegacy;
+    const cudaStream_t run_on = wait && legacy && !capturing ? own_stream_ : s;
     if (capturing && wait)
       throw ArgValueError("the stream passed as stream= is being captured into a CUDA graph, and this call would "
                           "have to wait for the GPU (check_finite=True on a device hidden state, or a top-k): pass "
@@ -419,18 +424,18 @@ class CudaDevice final : public Device {
       throw ArgValueError("capturing head(x, on_device=True) with t=" + std::to_string(t) + " needs this head's "
                           "buffers for that t: call it once with the same t outside the capture first");
     // work of an earlier call on another stream that returned without waiting shares our scratch
-    if (!capturing && pending_ && pending_stream_ != s)
-      check(cudaStreamWaitEvent(s, done_ev_, 0), "cudaStreamWaitEvent (the previous call)");
+    if (!capturing && pending_ && pending_stream_ != run_on)
+      check(cudaStreamWaitEvent(run_on, done_ev_, 0), "cudaStreamWaitEvent (the previous call)");
 
     const float* x = hidden;
     if (!hidden_on_device) {
       float* dst = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
-      check(cudaMemcpyAsync(dst, hidden, xbytes, cudaMemcpyHostToDevice, s), "upload of the hidden states");
+      check(cudaMemcpyAsync(dst, hidden, xbytes, cudaMemcpyHostToDevice, run_on), "upload of the hidden states");
       x = dst;
     }
     float* normed = static_cast<float*>(normed_.ensure(xbytes, ordinal_, "normed hidden states"));
     if (q8_) acts_q8_.ensure(q8_bytes, ordinal_, "int8 activations");
-    LogitsSlot* slot = logits_slot(lbytes, s, capturing);
+    LogitsSlot* slot = logits_slot(lbytes, run_on, capturing);
     if (capturing && !slot)
       throw ArgValueError("capturing head(x, on_device=True) with t=" + std::to_string(t) + " needs a free pooled "
                           "logits buffer of that size: call it once with the same t outside the capture first (and "
@@ -458,16 +463,16 @@ class CudaDevice final : public Device {
     if (slot && !capturing) {
       const int variant = (req.k ? (req.ids_only ? 1 : 2) : 0) * 2 + (scan ? 1 : 0);
       cudaGraphExec_t exec = route_graph(slot->graphs[variant], x, normed, logits, t, req.log_softmax, ex);
-      check(cudaGraphLaunch(exec, s), "cudaGraphLaunch (route)");
+      check(cudaGraphLaunch(exec, run_on), "cudaGraphLaunch (route)");
     } else {
       // the caller's graph capture, or every pooled buffer held: the kernels launched one by one on s
       ex.fork = false;
-      StreamSwap on(stream_, s);
+      StreamSwap on(stream_, run_on);
       enqueue_call(x, normed, logits, t, ex);
     }
     CallResult r;
     if (slot) {
-      slot->stream = s;
+      slot->stream = run_on;
       slot->async = !wait;
     }
     if (capturing) {
@@ -476,14 +481,14 @@ class CudaDevice final : public Device {
     }
     if (!wait) {
       // later work on our own stream (and calls on other streams) is ordered after this call
-      check(cudaEventRecord(done_ev_, s), "cudaEventRecord (call)");
+      check(cudaEventRecord(done_ev_, run_on), "cudaEventRecord (call)");
       check(cudaStreamWaitEvent(own_stream_, done_ev_, 0), "cudaStreamWaitEvent (call)");
       pending_ = true;
-      pending_stream_ = s;
+      pending_stream_ = run_on;
       r.logits = mem;
       return r;
     }
-    check(cudaStreamSynchronize(s), "the route's kernels (synchronize)");
+    check(cudaStreamSynchronize(run_on), "the route's kernels (synchronize)");
     pending_ = false;
     if (ex.result_bytes) {
       uint64_t first_bad = 0;
