@@ -399,7 +399,8 @@ class CudaDevice final : public Device {
     DeviceScope scope(ordinal_);
     const cudaStream_t s = req.has_stream ? static_cast<cudaStream_t>(req.stream) : own_stream_;
     bool capturing = false;
-    if (req.has_stream) {
+    // the legacy default stream is never captured (and asking costs microseconds)
+    if (req.has_stream && s != nullptr && s != cudaStreamLegacy) {
       cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
       check(cudaStreamIsCapturing(s, &status), "cudaStreamIsCapturing (the stream passed as stream=)");
       capturing = status != cudaStreamCaptureStatusNone;
