@@ -7,7 +7,9 @@
 // default stream, where PyTorch and CuPy put their work unless told
 // otherwise, so a device hidden state they just wrote is complete before our
 // first kernel reads it. Every call ends with a stream synchronize, so
-// returned device logits are ready for any consumer.
+// returned device logits are ready for any consumer -- except run_call on a
+// caller's stream with nothing to wait for (stream=, check_finite=False),
+// which returns with its work queued there (or captured into the caller's graph).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
