@@ -85,8 +85,23 @@ def time_route(head: Any, x_host: np.ndarray, x_dev: Any, warmup: int, reps: int
         s = time.perf_counter()
         head(x_dev, on_device=True)
         calls.append(time.perf_counter() - s)
+    import torch
+
+    def per_call(fn) -> float:  # what a caller waits, by the host clock
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(reps):
+            s = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - s)
+        return _median(times)
+
     return {"route_s": route, "route_held_s": route_held, "nodes_sum_s": _median(totals), "lm_head_s": _median(matvec),
-            "call_s": _median(calls), "nodes": {k: _median(v) for k, v in per_label.items()}}
+            "call_s": _median(calls), "nodes": {k: _median(v) for k, v in per_label.items()},
+            "call_sync_s": per_call(lambda: (head(x_dev, on_device=True), torch.cuda.synchronize())),
+            "argmax_s": per_call(lambda: head.argmax(x_dev)),
+            "topk50_s": per_call(lambda: head.topk(x_dev, min(50, head.spec.vocab_size)))}
 
 
 def time_torch_linear(hidden: int, vocab: int, t: int, warmup: int, reps: int,
@@ -238,6 +253,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{r['route']:<10} {r['acts']:<4} {r['t']:>3} {us(r['route_held_s'])} "
               f"{r['route_held_s'] / limit_held:>7.3f} {us(bound)} {r['route_held_s'] / bound:>8.2f} "
               f"{us(r['call_s'])} {us(tr['capped_s']) if tr else '-':>12}")
+    # per call: what a caller waits beyond the route's GPU time (issue 14's goal at t = 1: <= 15 us for the
+    # call + synchronize and argmax, <= 25 us for top-50)
+    print("\nper call (host clock) over the route's GPU time (route_seconds held): "
+          "call = head(x_gpu, on_device=True) + torch.cuda.synchronize()")
+    print(f"{'route':<10} {'acts':<4} {'t':>3} {'GPU us':>9} {'call us':>9} {'over':>7} {'argmax us':>10} {'over':>7} "
+          f"{'topk50 us':>10} {'over':>7}")
+    for r in results["routes"]:
+        g = r["route_held_s"]
+        print(f"{r['route']:<10} {r['acts']:<4} {r['t']:>3} {us(g)} {us(r['call_sync_s'])} "
+              f"{(r['call_sync_s'] - g) * 1e6:7.1f} {us(r['argmax_s']):>10} {(r['argmax_s'] - g) * 1e6:7.1f} "
+              f"{us(r['topk50_s']):>10} {(r['topk50_s'] - g) * 1e6:7.1f}")
     if args.json:
         from ._bench_util import write_json
 

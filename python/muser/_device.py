@@ -8,10 +8,13 @@ Device arrays are recognised by ``__cuda_array_interface__`` (CuPy, PyTorch,
 Numba) or ``__dlpack__`` with a non-CPU device. On CUDA our kernels run on a
 stream that waits for the legacy default stream, where PyTorch and CuPy queue
 their work unless told otherwise; a hidden state written on another stream
-must be synchronized by the caller first.
+must be synchronized by the caller first -- except for ``head(x,
+on_device=True)``, which runs on the caller's stream (``stream=``, by default
+PyTorch's or CuPy's current stream when ``x`` is theirs): see :func:`call`.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -32,16 +35,20 @@ class DeviceArray:
     head takes another from its pool (or a new one) instead.
     """
 
-    __slots__ = ("_nd", "_ptr", "_head", "shape", "device_id", "_dl_device")
+    __slots__ = ("_nd", "_ptr", "_head", "shape", "device_id", "_dl_device", "stream")
 
-    def __init__(self, nd: Any, ptr: int, shape: tuple, head_core: Any):
-        caps = head_core.caps
+    def __init__(self, nd: Any, ptr: int, shape: tuple, head_core: Any, caps: Optional[dict] = None,
+                 stream: Optional[int] = None):
+        caps = head_core.caps if caps is None else caps
         self._nd = nd  # nanobind's DLPack ndarray: owns the buffer (and the head)
         self._ptr = int(ptr)
         self._head = head_core
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = shape
         self.device_id = int(caps["ordinal"])
         self._dl_device = int(caps["dlpack_device"])
+        #: the CUDA stream (a handle) the logits are being written on when the call returned
+        #: without waiting (``stream=``, ``check_finite=False``), else None: complete
+        self.stream = stream
 
     dtype = np.dtype(np.float32)
 
@@ -63,13 +70,18 @@ class DeviceArray:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        # stream None: the data is complete (every muser call ends synchronized)
+        # stream None: the data is complete; else the stream that writes it (0, the legacy default, is 1 here)
+        stream = None if self.stream is None else (self.stream or 1)
         return {"shape": self.shape, "typestr": "<f4", "data": (self._ptr, False), "strides": None,
-                "version": 3, "stream": None}
+                "version": 3, "stream": stream}
 
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
                    copy: Optional[bool] = None) -> Any:
-        del stream  # already synchronized: no producer stream to wait for
+        if self.stream is not None and stream != -1:
+            # the consumer's stream (None: the legacy default) waits for the one that writes the logits
+            consumer = 1 if stream is None else int(stream)
+            if consumer != self.stream and not (consumer == 1 and self.stream == 0):
+                _core.cuda_stream_wait(consumer, self.stream)
         kwargs = {}
         if max_version is not None:
             kwargs["max_version"] = max_version
@@ -83,7 +95,7 @@ class DeviceArray:
         return (self._dl_device, self.device_id)
 
     def get(self) -> np.ndarray:
-        """A new host copy (numpy)."""
+        """A new host copy (numpy); waits for the stream that writes the logits."""
         return np.asarray(_core.device_download(self._head, self._ptr, self.size)).reshape(self.shape)
 
     def __len__(self) -> int:
@@ -93,10 +105,17 @@ class DeviceArray:
         return f"muser.DeviceArray(shape={self.shape}, dtype=float32, device={self._head.device!r})"
 
 
+def _torch_tensor(obj: Any) -> bool:
+    torch = sys.modules.get("torch")  # never imported here: a tensor exists only if torch is loaded
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
 def is_device_array(obj: Any) -> bool:
     """Whether ``obj`` is an array in device memory (CUDA array interface, or DLPack on a non-CPU device)."""
     if isinstance(obj, np.ndarray):
         return False
+    if _torch_tensor(obj):  # without building torch's __cuda_array_interface__ dict
+        return bool(obj.is_cuda)
     if hasattr(obj, "__cuda_array_interface__"):
         return True
     dev = getattr(obj, "__dlpack_device__", None)
@@ -108,8 +127,23 @@ def is_device_array(obj: Any) -> bool:
         return False
 
 
+def _torch_rows(hidden: Any, H: int) -> tuple[int, int, bool]:
+    """_device_rows for a CUDA torch.Tensor, from its own attributes (a few microseconds less)."""
+    shape = tuple(hidden.shape)
+    if hidden.dtype != sys.modules["torch"].float32:
+        raise TypeError(f"hidden must be float32, got {hidden.dtype}")
+    if len(shape) not in (1, 2) or shape[-1] != H:
+        raise ValueError(f"hidden must have shape [H] or [t, H] with H={H}, got {shape}")
+    if not hidden.is_contiguous():
+        raise ValueError("a device hidden state must be C-contiguous")
+    single = len(shape) == 1
+    return int(hidden.data_ptr()), 1 if single else int(shape[0]), single
+
+
 def _device_rows(hidden: Any, H: int) -> tuple[int, int, bool]:
     """(address, t, single) of a float32 [H] or [t, H] C-contiguous device array."""
+    if _torch_tensor(hidden):
+        return _torch_rows(hidden, H)
     cai = getattr(hidden, "__cuda_array_interface__", None)
     if cai is not None:
         typestr, shape, strides, ptr = cai["typestr"], tuple(cai["shape"]), cai.get("strides"), cai["data"][0]
@@ -133,6 +167,8 @@ def _device_rows(hidden: Any, H: int) -> tuple[int, int, bool]:
 
 def _inputs(head: Any, hidden: Any) -> tuple[Optional[np.ndarray], int, int, bool]:
     H = head.spec.hidden_size
+    if _torch_tensor(hidden) and hidden.is_cuda:
+        return (None, *_torch_rows(hidden, H))
     if is_device_array(hidden):
         ptr, t, single = _device_rows(hidden, H)
         return None, ptr, t, single
@@ -140,19 +176,68 @@ def _inputs(head: Any, hidden: Any) -> tuple[Optional[np.ndarray], int, int, boo
     return rows, 0, rows.shape[0], single
 
 
+def stream_handle(stream: Any) -> int:
+    """The CUDA stream handle of ``stream``: an int, a ``torch.cuda.Stream`` (``.cuda_stream``)
+    or a CuPy stream (``.ptr``)."""
+    if isinstance(stream, bool):
+        raise TypeError("stream must be a CUDA stream (an int handle, torch.cuda.Stream or cupy Stream), got a bool")
+    if isinstance(stream, (int, np.integer)):
+        handle = int(stream)
+    elif hasattr(stream, "cuda_stream"):
+        handle = int(stream.cuda_stream)
+    elif hasattr(stream, "ptr"):
+        handle = int(stream.ptr)
+    else:
+        raise TypeError("stream must be a CUDA stream (an int handle, torch.cuda.Stream or cupy Stream), "
+                        f"got {type(stream).__name__}")
+    if handle < 0:
+        raise ValueError(f"stream must be a CUDA stream handle (>= 0), got {handle}")
+    return handle
+
+
+def _current_stream(hidden: Any) -> Optional[int]:
+    """PyTorch's or CuPy's current stream when ``hidden`` is their device array, else None."""
+    if _torch_tensor(hidden):
+        if not hidden.is_cuda:
+            return None
+        cuda = sys.modules["torch"].cuda
+        index = hidden.get_device()
+        raw = getattr(sys.modules["torch"]._C, "_cuda_getCurrentRawStream", None)
+        return int(raw(index)) if raw is not None else int(cuda.current_stream(index).cuda_stream)
+    if type(hidden).__module__.startswith("cupy"):
+        return int(sys.modules["cupy"].cuda.get_current_stream().ptr)
+    return None
+
+
 def call(head: Any, hidden: Any, *, on_device: bool, out: Optional[np.ndarray],
-         check_finite: bool, log_softmax: bool = False) -> Union[np.ndarray, DeviceArray]:
+         check_finite: bool, log_softmax: bool = False, stream: Any = None) -> Union[np.ndarray, DeviceArray]:
     """``head(hidden, on_device=...)`` for a head whose device keeps logits in its own memory
-    (``log_softmax``: ``head.log_softmax``, computed on the device)."""
-    if not head.caps["resident_logits"]:
+    (``log_softmax``: ``head.log_softmax``, computed on the device).
+
+    With ``on_device=True`` the call runs on ``stream`` (by default PyTorch's or CuPy's current
+    stream when ``hidden`` is theirs; else the head's own stream, synchronized). On a stream it
+    does not wait for the GPU unless it must: ``check_finite=True`` on a device hidden state
+    waits (the scan's answer comes back to raise NonFiniteError), ``check_finite=False`` returns
+    at once with the work queued -- capturable in the caller's CUDA graph. See Head.__call__.
+    """
+    caps = getattr(head, "_caps", None) or head.caps
+    if not caps["resident_logits"]:
         raise ValueError("on_device=True and device hidden states need a device with memory of its own; "
                          f"this head runs on {head.device!r}")
     rows, ptr, t, single = _inputs(head, hidden)
     if out is not None and not on_device:
         head._check_out(out, t, single)
-    nd, addr, _ = _core.device_run(head._core, rows, ptr, t, single, False, check_finite, log_softmax)
-    V = head.spec.vocab_size
-    logits = DeviceArray(nd, addr, (V,) if single else (t, V), head._core)
+    if stream is not None:
+        if not on_device:
+            raise ValueError("stream= goes with on_device=True (host logits wait for the GPU anyway)")
+        handle: Optional[int] = stream_handle(stream)
+    else:
+        handle = _current_stream(hidden) if on_device else None
+    nd, addr, _ = _core.device_run(head._core, rows, ptr, t, single, False, check_finite, log_softmax, handle,
+                                   False)
+    V = head._spec.vocab_size
+    pending = handle is not None and not (check_finite and rows is None)  # run_call's rule: a scan waits
+    logits = DeviceArray(nd, addr, (V,) if single else (t, V), head._core, caps, handle if pending else None)
     if on_device:
         if out is not None:
             raise ValueError("out= takes host memory; with on_device=True the result is the head's device buffer")
@@ -169,7 +254,7 @@ def topk(head: Any, hidden: Any, k: int, check_finite: bool = True) -> tuple[np.
     ``(ids [t, k], values [t, k], single)``, ``single`` when the input was one row."""
     rows, ptr, t, single = _inputs(head, hidden)
     k = int(k)
-    if 0 < head.caps["max_topk"] < k:  # beyond the device kernel's range: rank the host copy
+    if 0 < (getattr(head, "_caps", None) or head.caps)["max_topk"] < k:  # beyond the device kernel's range: rank the host copy
         logits = call(head, hidden, on_device=False, out=None, check_finite=check_finite)
         ids, vals = _core.topk_rows(np.ascontiguousarray(logits.reshape(t, -1)), k)
     else:
@@ -180,9 +265,10 @@ def topk(head: Any, hidden: Any, k: int, check_finite: bool = True) -> tuple[np.
 
 
 def argmax(head: Any, hidden: Any, check_finite: bool = True) -> Union[int, np.ndarray]:
-    """Index of the largest logit per row, found on the device."""
-    ids, _, single = topk(head, hidden, 1, check_finite)
-    return int(ids[0, 0]) if single else ids[:, 0]
+    """Index of the largest logit per row, found on the device in the call's own graph."""
+    rows, ptr, t, single = _inputs(head, hidden)
+    ids = _core.device_topk(head._core, rows, ptr, t, 1, check_finite, True)
+    return int(ids[0, 0]) if single else np.asarray(ids).reshape(t)
 
 
 def route_seconds(head: Any, hidden: Any, reps: int, held: bool = False) -> list[float]:

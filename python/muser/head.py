@@ -177,7 +177,8 @@ class Head:
         self._path = path
         self._route = route
         self._spec = HeadSpec(**core.spec)
-        self._ranks_on_device = bool(core.caps["ranks_on_device"]) and pinned is None
+        self._caps = dict(core.caps)  # fixed for the head's life; read on every device call
+        self._ranks_on_device = bool(self._caps["ranks_on_device"]) and pinned is None
         self._threads = 0  # the reductions' CPU threads: the default
         return self
 
@@ -328,19 +329,19 @@ class Head:
 
     @overload
     def __call__(self, hidden: Row, *, out: Optional[np.ndarray] = ..., check_finite: bool = ...,
-                 on_device: Literal[False] = ...) -> Logits: ...
+                 on_device: Literal[False] = ..., stream: None = ...) -> Logits: ...
     @overload
     def __call__(self, hidden: Batch, *, out: Optional[np.ndarray] = ..., check_finite: bool = ...,
-                 on_device: Literal[False] = ...) -> BatchLogits: ...
+                 on_device: Literal[False] = ..., stream: None = ...) -> BatchLogits: ...
     @overload
     def __call__(self, hidden: Any, *, out: None = ..., check_finite: bool = ...,
-                 on_device: Literal[True]) -> DeviceArray: ...
+                 on_device: Literal[True], stream: Any = ...) -> DeviceArray: ...
     @overload
     def __call__(self, hidden: Any, *, out: Optional[np.ndarray] = ..., check_finite: bool = ...,
-                 on_device: bool = ...) -> Union[NDArray[np.float32], DeviceArray]: ...
+                 on_device: bool = ..., stream: Any = ...) -> Union[NDArray[np.float32], DeviceArray]: ...
 
     def __call__(self, hidden: Any, *, out: Optional[np.ndarray] = None, check_finite: bool = True,
-                 on_device: bool = False) -> Any:
+                 on_device: bool = False, stream: Any = None) -> Any:
         """Logits for one hidden state ``[H]`` (→ ``[V]``) or a batch ``[t, H]`` (→ ``[t, V]``).
 
         Returns a zero-copy view of a buffer the head owns (never written again while the view lives),
@@ -352,9 +353,36 @@ class Head:
         returns the logits as a :class:`muser.DeviceArray` -- the head's device
         buffer without a copy, for ``torch.from_dlpack`` / ``cupy.asarray``. A device
         hidden state with ``on_device=False`` gives a new host array.
+
+        ``stream`` (``on_device=True`` only): the CUDA stream the call runs on -- an int
+        handle, a ``torch.cuda.Stream`` or a CuPy stream; by default PyTorch's (CuPy's)
+        current stream when ``hidden`` is a tensor (array) of theirs, else the head's own
+        stream, waited for. On a stream:
+
+        - ``check_finite=False``: the call returns with its work queued on the stream,
+          without waiting for the GPU, so it can be captured in the caller's CUDA graph
+          (``torch.cuda.graph``: call it once with the same ``t`` first, so the buffers
+          exist; each replay writes the buffer of the DeviceArray the capture returned --
+          keep that one for as long as the graph is replayed). The DeviceArray's
+          ``stream`` names the stream; ``__dlpack__(stream=...)`` makes the consumer's
+          stream wait for it and ``get()`` waits too.
+        - ``check_finite=True`` with a device hidden state: the NaN/inf scan runs in the
+          same graph as the route and the call waits for the stream to raise
+          :class:`muser.NonFiniteError` before anything is returned (inside a graph
+          capture this is refused with a ValueError: pass ``check_finite=False``).
+
+        The buffer rule without waiting: a DeviceArray's buffer goes back to the head's
+        pool when the array and everything made from it is gone; work that reads it must
+        be queued (on this stream, or one ordered after it) before you let it go. A later
+        call on the same stream reuses it in stream order; a call on another stream takes
+        a fresh buffer, or waits for the device. Calls of one head are ordered among
+        themselves (an event joins the streams), whatever streams they use.
         """
+        if stream is not None and not on_device:
+            raise ValueError("stream= goes with on_device=True (host logits wait for the GPU anyway)")
         if on_device or _device.is_device_array(hidden):
-            return _device.call(self, hidden, on_device=on_device, out=out, check_finite=check_finite)
+            return _device.call(self, hidden, on_device=on_device, out=out, check_finite=check_finite,
+                                stream=stream)
         rows, single = self._rows(hidden)
         if out is not None:
             self._check_out(out, rows.shape[0], single)

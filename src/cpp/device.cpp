@@ -89,6 +89,28 @@ std::shared_ptr<ResidentBuffer> Device::run_resident_log_softmax(const float* hi
   return logits;
 }
 
+CallResult Device::run_call(const float* hidden, bool hidden_resident, int t, const CallRequest& req) {
+  if (req.has_stream)
+    throw ArgValueError("device '" + name() + "' takes no stream= (it runs on its own queue)");
+  CallResult r;
+  if (req.check_finite && hidden_resident) {
+    r.first_bad = find_nonfinite(hidden, (int64_t)t * spec_.hidden);
+    if (r.first_bad >= 0) return r;
+  }
+  r.logits = req.log_softmax ? run_resident_log_softmax(hidden, hidden_resident, t)
+                             : run_resident(hidden, hidden_resident, t, nullptr);
+  if (req.k > 0) {
+    std::vector<float> scratch;
+    float* vals = req.vals;
+    if (!vals) {
+      scratch.resize((size_t)t * (size_t)req.k);
+      vals = scratch.data();
+    }
+    topk(static_cast<const float*>(r.logits->ptr), t, req.k, req.ids, vals);
+  }
+  return r;
+}
+
 void host_topk(const float* logits, int t, int64_t V, int k, int64_t* ids, float* vals) {
   std::vector<int64_t> idx((size_t)V);
   for (int r = 0; r < t; ++r) {

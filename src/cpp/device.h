@@ -98,6 +98,26 @@ struct SampleRequest {
   int64_t first_nonfinite = -1;
 };
 
+// What one call asks of a device with memory of its own besides the route's
+// logits (Device::run_call): the NaN scan of a resident hidden state, the k
+// best of each row, the caller's stream. CUDA runs all of it as one graph
+// whose results come back in one small copy.
+struct CallRequest {
+  bool check_finite = false;  // scan a resident hidden state for NaN/inf (host ones are scanned by the caller)
+  bool log_softmax = false;   // logits - their row's logsumexp, in place
+  int k = 0;                  // > 0: the k best of each row into ids/vals (host [t x k])
+  bool ids_only = false;      // with k == 1: argmax, vals untouched
+  int64_t* ids = nullptr;
+  float* vals = nullptr;
+  bool has_stream = false;    // run on `stream` (CUDA: a cudaStream_t) instead of the device's own
+  void* stream = nullptr;
+  bool wait = true;           // false (only with has_stream, no check, k == 0): return with the work queued
+};
+struct CallResult {
+  std::shared_ptr<ResidentBuffer> logits;  // null when first_bad >= 0
+  int64_t first_bad = -1;                  // lowest index of a NaN/inf in the hidden state, or -1
+};
+
 // What a device can do beyond run(). The defaults are the CPU's.
 struct DeviceCaps {
   bool resident_logits = false;  // run_resident(): logits stay in device memory
@@ -156,6 +176,10 @@ class Device {
   // (kVocabScratchBytes) where the device works in groups of tokens. The
   // default runs the whole route into host memory and reduces that.
   virtual void score(const float* hidden, bool hidden_resident, int t, VocabScores& out);
+  // One call as CallRequest asks (a device with memory of its own). The
+  // default runs find_nonfinite, run_resident(_log_softmax) and topk in turn
+  // and takes no stream.
+  virtual CallResult run_call(const float* hidden, bool hidden_resident, int t, const CallRequest& req);
   // run_resident, then each row's logits - their logsumexp, in place (the CUDA
   // device runs both as one graph). The default reduces on the host, so it
   // serves devices whose resident logits are host memory.

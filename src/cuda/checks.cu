@@ -16,11 +16,32 @@ __global__ void find_nonfinite_kernel(const float* x, int64_t n, unsigned long l
     if (!isfinite(x[i])) atomicMin(first_bad, (unsigned long long)i);
 }
 
+// One CTA over all n (it runs on a side branch of the call's graph, beside the
+// route): the lowest bad index, or ~0, written straight to `out` (mapped host memory).
+constexpr int kScanThreads = 1024;
+__global__ void first_nonfinite_kernel(const float* x, int64_t n, unsigned long long* out) {
+  __shared__ unsigned long long lowest;
+  if (threadIdx.x == 0) lowest = ~0ull;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < n; i += kScanThreads)
+    if (!isfinite(x[i])) {
+      atomicMin(&lowest, (unsigned long long)i);
+      break;  // this thread's later indices are larger
+    }
+  __syncthreads();
+  if (threadIdx.x == 0) *out = lowest;
+}
+
 }  // namespace
 
+void first_nonfinite(const float* x, int64_t n, unsigned long long* out, cudaStream_t stream) {
+  first_nonfinite_kernel<<<1, kScanThreads, 0, stream>>>(x, n, out);
+  check_launch("first_nonfinite");
+}
+
 void find_nonfinite(const float* x, int64_t n, unsigned long long* first_bad, cudaStream_t stream) {
-  // all ones (>= n: none found) by a memset, which a graph capture can hold (a copy from the host could not)
-  check(cudaMemsetAsync(first_bad, 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync(first_bad)");
+  // all ones (above every index) by a memset, not an upload from host memory: capturable, no round trip
+  check(cudaMemsetAsync(first_bad, 0xFF, sizeof(unsigned long long), stream), "cudaMemsetAsync(first_bad)");
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 1024);
   if (blocks > 0) find_nonfinite_kernel<<<(unsigned)blocks, threads, 0, stream>>>(x, n, first_bad);

@@ -7,7 +7,9 @@
 // default stream, where PyTorch and CuPy put their work unless told
 // otherwise, so a device hidden state they just wrote is complete before our
 // first kernel reads it. Every call ends with a stream synchronize, so
-// returned device logits are ready for any consumer.
+// returned device logits are ready for any consumer -- except run_call on a
+// caller's stream with nothing to wait for (stream=, check_finite=False),
+// which returns with its work queued there (or captured into the caller's graph).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -131,6 +133,15 @@ std::string device_description(int ordinal) {
   return std::string(prop.name) + buf;
 }
 
+void stream_wait(uintptr_t waiter, uintptr_t waited) {
+  cudaEvent_t ev = nullptr;
+  check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+  const cudaError_t rec = cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(waited));
+  const cudaError_t wait = rec == cudaSuccess ? cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(waiter), ev, 0) : rec;
+  cudaEventDestroy(ev);  // released once the wait is done
+  check(wait, "cudaStreamWaitEvent (a consumer's stream on the logits' stream)");
+}
+
 void copy_to_host(const void* src, void* dst, size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
 }
@@ -201,6 +212,10 @@ class CudaDevice final : public Device {
     DeviceScope scope(ordinal_);
     check(cudaSetDevice(ordinal_), "cudaSetDevice");
     check(cudaStreamCreate(&stream_), "cudaStreamCreate");
+    own_stream_ = stream_;
+    check(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate (side)");
+    for (cudaEvent_t* e : {&fork_ev_, &join_ev_, &done_ev_})
+      check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate");
   }
 
   ~CudaDevice() override {
@@ -210,6 +225,9 @@ class CudaDevice final : public Device {
       cudaEventDestroy(e.first);
       cudaEventDestroy(e.second);
     }
+    for (cudaEvent_t e : {fork_ev_, join_ev_, done_ev_})
+      if (e) cudaEventDestroy(e);
+    if (side_) cudaStreamDestroy(side_);
     if (stream_) cudaStreamDestroy(stream_);
     (void)cudaGetLastError();
   }
@@ -299,7 +317,7 @@ class CudaDevice final : public Device {
     }
     float* normed = static_cast<float*>(normed_.ensure(xbytes, ordinal_, "normed hidden states"));
     const size_t lbytes = (size_t)t * V * sizeof(float);
-    LogitsSlot* slot = logits_slot(lbytes);
+    LogitsSlot* slot = logits_slot(lbytes, stream_, false);
     std::shared_ptr<DeviceMemory> result = slot ? slot->mem : std::make_shared<DeviceMemory>(lbytes, ordinal_, "logits");
     float* logits = static_cast<float*>(result->ptr);
 
@@ -310,9 +328,11 @@ class CudaDevice final : public Device {
       // and replayed: the GPU gets every node at once (no launch gaps between
       // them) and the host pays one launch. Each pooled logits buffer has its
       // own graph, so alternating buffers costs no graph update.
-      cudaGraphExec_t exec = route_graph(slot->graph, x, normed, logits, t, log_softmax);
+      cudaGraphExec_t exec = route_graph(slot->graphs[0], x, normed, logits, t, log_softmax, CallExtras{});
       check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch (route)");
       check(cudaStreamSynchronize(stream_), "the route's kernels (synchronize)");
+      slot->stream = stream_;
+      slot->async = false;
       last_graph_ = exec;
     } else if (!timings) {
       // every pooled buffer is held: a one-off buffer, its steps launched directly
@@ -366,6 +386,131 @@ class CudaDevice final : public Device {
       seconds.push_back(ms * 1e-3);
     }
     return seconds;
+  }
+
+  // One call in one graph launch (CallRequest): the NaN scan of a resident
+  // hidden state on a side branch of the graph, the route, argmax/top-k, whose
+  // kernels write the results (first bad index | ids | values) straight into
+  // mapped pinned memory; then one synchronize, or none (wait = false: the caller's stream
+  // orders what follows). On a stream being captured (the caller's CUDA graph)
+  // the kernels are enqueued on it directly, into that graph.
+  CallResult run_call(const float* hidden, bool hidden_on_device, int t, const CallRequest& req) override {
+    if (t < 1) throw ArgValueError("t must be >= 1");
+    const int64_t H = spec_.hidden, V = spec_.vocab;
+    if (req.k < 0 || req.k > kTopkMax || req.k > V || (req.ids_only && req.k != 1))
+      throw ArgValueError("k must be in [1, min(V, " + std::to_string(kTopkMax) + ")] for top-k on the GPU, got " +
+                          std::to_string(req.k));
+    DeviceScope scope(ordinal_);
+    const cudaStream_t s = req.has_stream ? static_cast<cudaStream_t>(req.stream) : own_stream_;
+    bool capturing = false;
+    // the legacy default stream is never captured (and asking costs microseconds)
+    if (req.has_stream && s != nullptr && s != cudaStreamLegacy) {
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      check(cudaStreamIsCapturing(s, &status), "cudaStreamIsCapturing (the stream passed as stream=)");
+      capturing = status != cudaStreamCaptureStatusNone;
+    }
+    const bool scan = req.check_finite && hidden_on_device;
+    const bool wait = req.wait || scan || req.k > 0 || !req.has_stream;
+    // A call that waits anyway on the legacy default stream (PyTorch's and CuPy's unless told
+    // otherwise) runs on our own blocking stream instead: the same order both ways, and a
+    // cheaper synchronize than the legacy stream's.
+    const bool legacy = s == nullptr || s == cudaStreamLegacy;
+    const cudaStream_t run_on = wait && legacy && !capturing ? own_stream_ : s;
+    if (capturing && wait)
+      throw ArgValueError("the stream passed as stream= is being captured into a CUDA graph, and this call would "
+                          "have to wait for the GPU (check_finite=True on a device hidden state, or a top-k): pass "
+                          "check_finite=False to capture head(x, on_device=True)");
+    if (capturing && !hidden_on_device)
+      throw ArgValueError("capturing head(x, on_device=True) into a CUDA graph needs x in device memory");
+    const size_t xbytes = (size_t)t * H * sizeof(float), lbytes = (size_t)t * V * sizeof(float);
+    const size_t q8_bytes = q8_ ? acts_q8_scratch_bytes(out_.type, H, t) : 0;
+    auto sized = [](const Scratch& sc, size_t n) { return sc.mem && sc.mem->bytes >= n; };
+    if (capturing && (!sized(normed_, xbytes) || (q8_ && !sized(acts_q8_, q8_bytes))))
+      throw ArgValueError("capturing head(x, on_device=True) with t=" + std::to_string(t) + " needs this head's "
+                          "buffers for that t: call it once with the same t outside the capture first");
+    // work of an earlier call on another stream that returned without waiting shares our scratch
+    if (!capturing && pending_ && pending_stream_ != run_on)
+      check(cudaStreamWaitEvent(run_on, done_ev_, 0), "cudaStreamWaitEvent (the previous call)");
+
+    const float* x = hidden;
+    if (!hidden_on_device) {
+      float* dst = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
+      check(cudaMemcpyAsync(dst, hidden, xbytes, cudaMemcpyHostToDevice, run_on), "upload of the hidden states");
+      x = dst;
+    }
+    float* normed = static_cast<float*>(normed_.ensure(xbytes, ordinal_, "normed hidden states"));
+    if (q8_) acts_q8_.ensure(q8_bytes, ordinal_, "int8 activations");
+    LogitsSlot* slot = logits_slot(lbytes, run_on, capturing);
+    if (capturing && !slot)
+      throw ArgValueError("capturing head(x, on_device=True) with t=" + std::to_string(t) + " needs a free pooled "
+                          "logits buffer of that size: call it once with the same t outside the capture first (and "
+                          "let go of earlier results)");
+    std::shared_ptr<DeviceMemory> mem = slot ? slot->mem : std::make_shared<DeviceMemory>(lbytes, ordinal_, "logits");
+    float* logits = static_cast<float*>(mem->ptr);
+
+    CallExtras ex;
+    ex.scan = scan;
+    ex.k = req.k;
+    ex.ids_only = req.ids_only;
+    ex.fork = true;
+    ex.log_softmax = req.log_softmax;
+    const size_t n_sel = (size_t)t * req.k;
+    ex.result_bytes = (scan || req.k) ? 8 + n_sel * (sizeof(int64_t) + sizeof(float)) : 0;
+    MappedHost one_off;
+    if (ex.result_bytes) {
+      MappedHost& res = slot ? slot->results : one_off;
+      res.ensure(ex.result_bytes);
+      ex.result_dev = res.dev;
+      ex.result_host = res.host;
+    }
+    if (req.k) ensure_select(t, req.k, req.ids_only);
+    if (req.log_softmax) ensure_log_softmax(t);  // before any capture: a first sizing zeroes and synchronizes
+
+    if (slot && !capturing) {
+      const int variant = (req.k ? (req.ids_only ? 1 : 2) : 0) * 2 + (scan ? 1 : 0);
+      cudaGraphExec_t exec = route_graph(slot->graphs[variant], x, normed, logits, t, req.log_softmax, ex);
+      check(cudaGraphLaunch(exec, run_on), "cudaGraphLaunch (route)");
+    } else {
+      // the caller's graph capture, or every pooled buffer held: the kernels launched one by one on s
+      ex.fork = false;
+      StreamSwap on(stream_, run_on);
+      enqueue_call(x, normed, logits, t, ex);
+    }
+    CallResult r;
+    if (slot) {
+      slot->stream = run_on;
+      slot->async = !wait;
+    }
+    if (capturing) {
+      r.logits = mem;
+      return r;
+    }
+    if (!wait) {
+      // later work on our own stream (and calls on other streams) is ordered after this call
+      check(cudaEventRecord(done_ev_, run_on), "cudaEventRecord (call)");
+      check(cudaStreamWaitEvent(own_stream_, done_ev_, 0), "cudaStreamWaitEvent (call)");
+      pending_ = true;
+      pending_stream_ = run_on;
+      r.logits = mem;
+      return r;
+    }
+    check(cudaStreamSynchronize(run_on), "the route's kernels (synchronize)");
+    pending_ = false;
+    if (ex.result_bytes) {
+      uint64_t first_bad = 0;
+      std::memcpy(&first_bad, ex.result_host, 8);
+      if (scan && first_bad < (uint64_t)((int64_t)t * H)) {
+        r.first_bad = (int64_t)first_bad;
+        return r;
+      }
+      if (req.k) {
+        std::memcpy(req.ids, ex.result_host + 8, n_sel * sizeof(int64_t));
+        if (!req.ids_only && req.vals)
+          std::memcpy(req.vals, ex.result_host + 8 + n_sel * sizeof(int64_t), n_sel * sizeof(float));
+      }
+    }
+    r.logits = mem;
+    return r;
   }
 
   void topk(const float* logits, int t, int k, int64_t* ids, float* vals) override {
@@ -556,10 +701,20 @@ class CudaDevice final : public Device {
     auto* state = static_cast<uint8_t*>(sample_state_.ensure(state_bytes, ordinal_, "sampling row state"));
     void* order = nullptr;
     void* order_scratch = nullptr;
+    const bool threshold_topk = order_k > 0 && topk_threshold_fits(V, t, order_k);
+    unsigned* order_sync = nullptr;
     if (order_k > 0) {
       order = sample_order_.ensure((size_t)t * order_k * (sizeof(int64_t) + sizeof(float)), ordinal_,
                                    "the kept-set order");
-      order_scratch = sample_topk_.ensure(topk_scratch_bytes(V, t, order_k), ordinal_, "top-k scratch");
+      order_scratch = sample_topk_.ensure(
+          threshold_topk ? topk_threshold_scratch_bytes(V, t) : topk_scratch_bytes(V, t, order_k), ordinal_,
+          "top-k scratch");
+      const size_t words = select_sync_words(t) * sizeof(unsigned);
+      if (!sample_sync_.mem || sample_sync_.mem->bytes < words) {
+        sample_sync_.ensure(words, ordinal_, "selection counters");
+        check(cudaMemset(sample_sync_.mem->ptr, 0, words), "cudaMemset (selection counters)");  // kept 0 by the kernels
+      }
+      order_sync = static_cast<unsigned*>(sample_sync_.mem->ptr);
     }
     const float* bias = nullptr;
     const uint8_t* allowed = nullptr;
@@ -616,7 +771,9 @@ class CudaDevice final : public Device {
         if (!greedy) {
           if (order_k > 0) {
             auto* ids = static_cast<int64_t*>(order);
-            cuda::topk(z, V, t, order_k, order_scratch, ids, const_cast<float*>(a.order_vals), stream_);
+            auto* vals = const_cast<float*>(a.order_vals);
+            if (threshold_topk) topk_threshold(z, V, t, order_k, order_scratch, order_sync, ids, vals, stream_);
+            else cuda::topk(z, V, t, order_k, order_scratch, ids, vals, stream_);
             sample_threshold(a, stream_);
             if (top_p) {
               sample_kept_pairs(a, false, stream_);
@@ -661,9 +818,15 @@ class CudaDevice final : public Device {
     const void *x = nullptr, *normed = nullptr, *logits = nullptr, *acts_q8 = nullptr, *lsm = nullptr,
                *lsm_lse = nullptr;
     bool log_softmax = false;
+    // run_call's extras: the NaN scan, the selection and its buffers, the results' copy
+    bool scan = false, ids_only = false;
+    int k = 0;
+    const void *sel = nullptr, *sel_sync = nullptr, *result_dev = nullptr, *result_host = nullptr;
     bool operator==(const RouteKey& o) const {
       return t == o.t && x == o.x && normed == o.normed && logits == o.logits && acts_q8 == o.acts_q8 &&
-             lsm == o.lsm && lsm_lse == o.lsm_lse && log_softmax == o.log_softmax;
+             lsm == o.lsm && lsm_lse == o.lsm_lse && log_softmax == o.log_softmax && scan == o.scan &&
+             ids_only == o.ids_only && k == o.k && sel == o.sel && sel_sync == o.sel_sync &&
+             result_dev == o.result_dev && result_host == o.result_host;
     }
   };
   // What score()'s captured graph bakes in.
@@ -762,10 +925,68 @@ class CudaDevice final : public Device {
     }
   };
 
-  // A pooled device logits buffer and the route graph that writes it.
+  // What run_call adds to the route in its graph.
+  struct CallExtras {
+    bool scan = false;         // the NaN scan of x: result bytes [0, 8) get the first bad index (~0: none)
+    int k = 0;                 // the k best of each row: ids at result byte 8, then the values
+    bool ids_only = false;     // argmax (k == 1)
+    bool fork = false;         // the scan on a side branch of the graph, beside the route
+    bool log_softmax = false;
+    uint8_t* result_dev = nullptr;   // mapped host memory (MappedHost): the kernels write it
+    uint8_t* result_host = nullptr;  // the same bytes, as the host reads them
+    size_t result_bytes = 0;
+  };
+  // Points stream_ (where the enqueue helpers launch) at another stream for a scope.
+  struct StreamSwap {
+    cudaStream_t& slot;
+    cudaStream_t saved;
+    StreamSwap(cudaStream_t& s, cudaStream_t use) : slot(s), saved(s) { s = use; }
+    ~StreamSwap() { slot = saved; }
+  };
+  // Pinned host memory mapped into the device's address space, that grows:
+  // a call's results, written by its kernels straight across the bus (no copy node).
+  struct MappedHost {
+    uint8_t* host = nullptr;
+    uint8_t* dev = nullptr;
+    size_t bytes = 0;
+    void ensure(size_t n) {
+      if (n <= bytes && host) return;
+      release();
+      void* p = nullptr;
+      check(cudaHostAlloc(&p, std::max<size_t>(n, 64), cudaHostAllocPortable | cudaHostAllocMapped),
+            "cudaHostAlloc (call results)");
+      host = static_cast<uint8_t*>(p);
+      void* d = nullptr;
+      const cudaError_t err = cudaHostGetDevicePointer(&d, p, 0);
+      if (err != cudaSuccess) {
+        release();
+        check(err, "cudaHostGetDevicePointer (call results)");
+      }
+      dev = static_cast<uint8_t*>(d);
+      bytes = std::max<size_t>(n, 64);
+    }
+    void release() {
+      if (host) (void)cudaFreeHost(host);
+      (void)cudaGetLastError();
+      host = dev = nullptr;
+      bytes = 0;
+    }
+    MappedHost() = default;
+    MappedHost(const MappedHost&) = delete;
+    MappedHost& operator=(const MappedHost&) = delete;
+    ~MappedHost() { release(); }
+  };
+  // A pooled device logits buffer, the route graphs that write it (plain; with
+  // the scan; argmax; top-k -- each with and without the scan) and their results.
   struct LogitsSlot {
     std::shared_ptr<DeviceMemory> mem;
-    RouteGraph graph;
+    RouteGraph graphs[6];
+    MappedHost results;
+    cudaStream_t stream = nullptr;  // of the last call that wrote it
+    bool async = false;             // that call returned without waiting
+    void reset_graphs() {
+      for (RouteGraph& g : graphs) g.reset();
+    }
   };
   static constexpr size_t kLogitsPool = 4;
   std::vector<std::unique_ptr<LogitsSlot>> slots_;
@@ -774,23 +995,40 @@ class CudaDevice final : public Device {
   // A pooled logits buffer of at least `bytes` that no view holds (the pool
   // holds its only reference), grown if needed; null when all kLogitsPool
   // are held. Device logits returned to Python are never overwritten.
-  LogitsSlot* logits_slot(size_t bytes) {
-    LogitsSlot* small = nullptr;
-    for (auto& s : slots_) {
-      if (s->mem.use_count() != 1) continue;
-      if (s->mem->bytes >= bytes) {
-        std::atomic_thread_fence(std::memory_order_acquire);  // after the last holder's release
-        return s.get();
+  //
+  // A buffer a call on stream A returned without waiting may still be read by
+  // work the caller queued on A before letting it go; a call on stream s
+  // takes it at once only when s is A, else after the device synchronizes
+  // (fresh buffers first). A capture (capturing) takes any free buffer and
+  // allocates nothing: its graph writes the buffer at replay.
+  LogitsSlot* logits_slot(size_t bytes, cudaStream_t s, bool capturing) {
+    LogitsSlot *fit = nullptr, *small = nullptr, *foreign = nullptr;
+    for (auto& p : slots_) {
+      if (!p->mem || p->mem.use_count() != 1) continue;
+      if (!capturing && p->async && p->stream != s) {
+        if (!foreign) foreign = p.get();
+        continue;
       }
-      if (!small) small = s.get();
+      if (p->mem->bytes >= bytes) {
+        fit = p.get();
+        break;
+      }
+      if (!small) small = p.get();
     }
-    if (!small && slots_.size() < kLogitsPool) {
+    if (!fit && !small && !capturing && slots_.size() < kLogitsPool) {
       slots_.push_back(std::make_unique<LogitsSlot>());
       small = slots_.back().get();
     }
-    if (!small) return nullptr;
-    std::atomic_thread_fence(std::memory_order_acquire);
-    small->graph.reset();  // its buffer changes
+    if (!fit && !small && foreign) {
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (a buffer last written on another stream)");
+      foreign->async = false;
+      (foreign->mem->bytes >= bytes ? fit : small) = foreign;
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);  // after the last holder's release
+    if (fit) return fit;
+    if (!small || capturing) return nullptr;
+    small->reset_graphs();  // its buffer changes
+    small->async = false;
     small->mem.reset();
     small->mem = std::make_shared<DeviceMemory>(bytes, ordinal_, "logits");
     return small;
@@ -873,18 +1111,64 @@ class CudaDevice final : public Device {
   // each node when `events`). Launch configurations are fixed at capture, so
   // a graph is valid for the buffers and t it was captured with.
   cudaGraphExec_t capture(const float* x, float* normed, float* logits, int t, bool events) {
-    return instantiate(capture_graph(x, normed, logits, t, events, false), "cudaGraphInstantiate");
+    return instantiate(capture_graph(x, normed, logits, t, events, CallExtras{}), "cudaGraphInstantiate");
   }
 
-  cudaGraph_t capture_graph(const float* x, float* normed, float* logits, int t, bool events, bool log_softmax) {
+  cudaGraph_t capture_graph(const float* x, float* normed, float* logits, int t, bool events, const CallExtras& ex) {
     return capture_stream([&] {
-      for (size_t i = 0; i < steps_.size(); ++i) {
-        if (events) check(cudaEventRecordWithFlags(events_[i].first, stream_, cudaEventRecordExternal), "cudaEventRecord");
-        enqueue(steps_[i], x, normed, logits, t);
-        if (events) check(cudaEventRecordWithFlags(events_[i].second, stream_, cudaEventRecordExternal), "cudaEventRecord");
+      if (events) {
+        for (size_t i = 0; i < steps_.size(); ++i) {
+          check(cudaEventRecordWithFlags(events_[i].first, stream_, cudaEventRecordExternal), "cudaEventRecord");
+          enqueue(steps_[i], x, normed, logits, t);
+          check(cudaEventRecordWithFlags(events_[i].second, stream_, cudaEventRecordExternal), "cudaEventRecord");
+        }
+      } else {
+        enqueue_call(x, normed, logits, t, ex);
       }
-      if (log_softmax) enqueue_log_softmax(logits, t);
     });
+  }
+
+  // The route with run_call's extras, on stream_.
+  void enqueue_call(const float* x, float* normed, float* logits, int t, const CallExtras& ex) {
+    const int64_t n = (int64_t)t * spec_.hidden;
+    auto* first_bad = reinterpret_cast<unsigned long long*>(ex.result_dev);
+    if (ex.scan && ex.fork) {  // beside the route: the graph's branches run at once
+      check(cudaEventRecord(fork_ev_, stream_), "cudaEventRecord (fork)");
+      check(cudaStreamWaitEvent(side_, fork_ev_, 0), "cudaStreamWaitEvent (fork)");
+      first_nonfinite(x, n, first_bad, side_);
+      check(cudaEventRecord(join_ev_, side_), "cudaEventRecord (join)");
+    } else if (ex.scan) {
+      first_nonfinite(x, n, first_bad, stream_);
+    }
+    for (const Step& st : steps_) enqueue(st, x, normed, logits, t);
+    if (ex.log_softmax) enqueue_log_softmax(logits, t);
+    if (ex.k) {
+      auto* ids = reinterpret_cast<int64_t*>(ex.result_dev + 8);
+      auto* vals = reinterpret_cast<float*>(ex.result_dev + 8 + (size_t)t * ex.k * sizeof(int64_t));
+      enqueue_select(logits, t, ex.k, ex.ids_only, ids, vals);
+    }
+    if (ex.scan && ex.fork) check(cudaStreamWaitEvent(stream_, join_ev_, 0), "cudaStreamWaitEvent (join)");
+  }
+
+  // The selection's scratch for (t, k), allocated before a capture bakes it in.
+  void ensure_select(int t, int k, bool ids_only) {
+    const int64_t V = spec_.vocab;
+    const size_t words = select_sync_words(t) * sizeof(unsigned);
+    if (!sel_sync_.mem || sel_sync_.mem->bytes < words) {
+      sel_sync_.ensure(words, ordinal_, "selection counters");
+      check(cudaMemset(sel_sync_.mem->ptr, 0, words), "cudaMemset (selection counters)");  // the kernels keep them 0
+    }
+    if (ids_only) sel_.ensure(argmax_scratch_bytes(V, t), ordinal_, "argmax scratch");
+    else if (topk_threshold_fits(V, t, k)) sel_.ensure(topk_threshold_scratch_bytes(V, t), ordinal_, "top-k scratch");
+    else topk_scratch_.ensure(topk_scratch_bytes(V, t, k), ordinal_, "top-k scratch");
+  }
+
+  void enqueue_select(const float* logits, int t, int k, bool ids_only, int64_t* ids, float* vals) {
+    const int64_t V = spec_.vocab;
+    auto* sync = static_cast<unsigned*>(sel_sync_.mem->ptr);
+    if (ids_only) cuda::argmax(logits, V, t, sel_.mem->ptr, sync, ids, stream_);
+    else if (topk_threshold_fits(V, t, k)) topk_threshold(logits, V, t, k, sel_.mem->ptr, sync, ids, vals, stream_);
+    else cuda::topk(logits, V, t, k, topk_scratch_.mem->ptr, ids, vals, stream_);
   }
 
   // What `enqueue_all` launches on the stream, captured into a graph (the capture
@@ -919,13 +1203,23 @@ class CudaDevice final : public Device {
   // route is captured again and the executable graph updated in place --
   // cheaper than a new instantiation -- or, when the update is refused,
   // instantiated anew.
-  cudaGraphExec_t route_graph(RouteGraph& g, const float* x, float* normed, float* logits, int t, bool log_softmax) {
+  cudaGraphExec_t route_graph(RouteGraph& g, const float* x, float* normed, float* logits, int t, bool log_softmax,
+                              CallExtras ex) {
+    ex.log_softmax = log_softmax;
     if (log_softmax) ensure_log_softmax(t);  // the buffers the capture bakes in, sized before the key is taken
-    const RouteKey key{t, x, normed, logits, q8_ ? acts_q8_.mem->ptr : nullptr,
-                       log_softmax ? lsm_reduce_.pairs.mem->ptr : nullptr, log_softmax ? lsm_lse_.mem->ptr : nullptr,
-                       log_softmax};
+    RouteKey key{t, x, normed, logits, q8_ ? acts_q8_.mem->ptr : nullptr,
+                 log_softmax ? lsm_reduce_.pairs.mem->ptr : nullptr, log_softmax ? lsm_lse_.mem->ptr : nullptr,
+                 log_softmax};
+    key.scan = ex.scan;
+    key.k = ex.k;
+    key.ids_only = ex.ids_only;
+    key.sel = ex.k && sel_.mem ? sel_.mem->ptr : nullptr;
+    key.sel_sync = ex.k ? sel_sync_.mem->ptr : nullptr;
+    if (ex.k && !ex.ids_only && !topk_threshold_fits(spec_.vocab, t, ex.k)) key.sel = topk_scratch_.mem->ptr;
+    key.result_dev = ex.result_dev;
+    key.result_host = ex.result_host;
     if (g.exec && g.key == key) return g.exec;
-    cudaGraph_t graph = capture_graph(x, normed, logits, t, false, log_softmax);
+    cudaGraph_t graph = capture_graph(x, normed, logits, t, false, ex);
     if (g.exec) {
       cudaGraphExecUpdateResultInfo info{};
       const cudaError_t updated = cudaGraphExecUpdate(g.exec, graph, &info);
@@ -987,7 +1281,14 @@ class CudaDevice final : public Device {
   const float* gamma_f() const { return static_cast<const float*>(gamma_->ptr); }
 
   int ordinal_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;      // where the enqueue helpers launch: own_stream_ but inside a StreamSwap
+  cudaStream_t own_stream_ = nullptr;  // the device's blocking stream (every synchronized call's)
+  cudaStream_t side_ = nullptr;        // a graph's side branch (the NaN scan) is captured on it
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
+  cudaEvent_t done_ev_ = nullptr;      // the end of the latest call that returned without waiting
+  bool pending_ = false;               // that call's work may still run (on pending_stream_)
+  cudaStream_t pending_stream_ = nullptr;
+  Scratch sel_, sel_sync_;             // run_call's argmax / top-k
   WeightView out_;  // shape and type of the weight (data: on the device, in weight_)
   bool q8_ = false;  // the route's matvec quantizes the activations
   std::unique_ptr<DeviceMemory> weight_, gamma_;
@@ -998,7 +1299,7 @@ class CudaDevice final : public Device {
   ScoreGraph score_graph_;
   ReduceScratch lsm_reduce_;  // log_softmax()
   Scratch sample_in_, sample_out_, sample_logits_, sample_z_, sample_pairs_, sample_state_, sample_order_,
-      sample_topk_, sample_bias_, sample_allowed_;  // sample()
+      sample_topk_, sample_sync_, sample_bias_, sample_allowed_;  // sample()
   PinnedScratch sample_in_host_, sample_out_host_;
   CachedGraph<SampleKey> sample_graph_;
   Scratch lsm_lse_;

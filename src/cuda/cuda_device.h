@@ -36,6 +36,9 @@ std::vector<double> read_bandwidth_seconds(size_t nbytes, int iters, int ordinal
 std::string device_description(int ordinal);
 // (free, total) bytes of a GPU's memory, as cudaMemGetInfo reports them.
 std::vector<size_t> memory_info(int ordinal);
+// Makes stream `waiter` wait for the work queued on stream `waited` so far (handles as
+// the CUDA runtime takes them: 0 the default stream, 1 legacy, 2 per-thread).
+void stream_wait(uintptr_t waiter, uintptr_t waited);
 // Synchronous copy of bytes of device memory (any visible GPU) to host memory.
 void copy_to_host(const void* src, void* dst, size_t bytes);
 

@@ -84,6 +84,19 @@ size_t topk_scratch_bytes(int64_t V, int t, int k);
 void topk(const float* logits, int64_t V, int t, int k, void* scratch, int64_t* ids, float* vals,
           cudaStream_t stream);
 // k <= kTopkMax (muser/kernel_args.h); a larger k falls back to the host.
+// The same order in one or two kernels for a call's graph (no host decisions
+// between them). sync: select_sync_words(t) words, zero before the first
+// launch; the kernels leave them zero again.
+size_t select_sync_words(int t);
+// ids[row] = the argmax of each row (device int64 [t]); scratch: argmax_scratch_bytes.
+size_t argmax_scratch_bytes(int64_t V, int t);
+void argmax(const float* logits, int64_t V, int t, void* scratch, unsigned* sync, int64_t* ids, cudaStream_t stream);
+// Whether topk_threshold takes (V, t, k): k no more than the row's chunks, t small
+// enough for its candidate buffer (topk() otherwise).
+bool topk_threshold_fits(int64_t V, int t, int k);
+size_t topk_threshold_scratch_bytes(int64_t V, int t);
+void topk_threshold(const float* logits, int64_t V, int t, int k, void* scratch, unsigned* sync, int64_t* ids,
+                    float* vals, cudaStream_t stream);
 
 // ---- vocab_reduce.cu: the consumer's reductions over the vocabulary (muser/logsumexp.h) ----
 // Bytes of one (max, sum) pair of a tile.
@@ -155,9 +168,11 @@ void sample_top_p(const SampleKargs& a, cudaStream_t stream);
 void subtract_rows(float* y, int64_t V, int t, const float* lse, cudaStream_t stream);
 
 // ---- checks.cu ----
-// first_bad[0] = lowest index of a NaN/inf among x[0..n), or a value >= n when all are finite
-// (capturable into a graph).
+// first_bad[0] = lowest index of a NaN/inf among x[0..n), or ~0ull (>= n) when all are finite.
 void find_nonfinite(const float* x, int64_t n, unsigned long long* first_bad, cudaStream_t stream);
+// The same in one kernel and one CTA (a call's graph runs it beside the route), *out
+// written once (it may be mapped host memory: no copy after it).
+void first_nonfinite(const float* x, int64_t n, unsigned long long* out, cudaStream_t stream);
 
 // ---- bandwidth.cu: the read limit the bench divides by ----
 // Reads nbytes from buf once with 16-byte loads over the whole GPU; sink gets one word per block.

@@ -101,7 +101,218 @@ void launch_topk(const float* logits, int64_t V, int t, int k, void* scratch, in
   topk_finish_kernel<<<(n + 255) / 256, 256, 0, stream>>>(logits, V, buf_a, t, k, ids, vals);
 }
 
+// ---- the call's selection: argmax and small-k top-k in one or two kernels ----
+//
+// Chunks of kSelChunk keys, one CTA each. argmax: each CTA's best key, and the
+// row's last CTA to finish (a ticket, after a fence) reduces the CTAs' bests.
+// Top-k by a threshold: the k-th largest of the chunks' bests, L, is a key
+// with k distinct keys >= it, so the row's k best are all >= L; the first
+// kernel finds L, the second gathers the keys >= L (for real logits a few
+// more than k) and its last CTA ranks them: a key's rank is the number of
+// candidates above it (keys are distinct), so each one knows its place.
+constexpr int kSelThreads = 256;
+constexpr int kSelItems = 4;
+constexpr int kSelChunk = kSelThreads * kSelItems;
+constexpr int kSelMaxT = 16;           // rows whose candidate buffers ([t x V] keys) topk_threshold takes
+constexpr int kSelRankKeys = 512;      // candidates ranked directly (more: a radix select finds the k-th first)
+
+int64_t sel_chunks(int64_t V) { return (V + kSelChunk - 1) / kSelChunk; }
+
+// The largest of each thread's `best` over the CTA (every thread gets it).
+__device__ unsigned long long cta_max(unsigned long long best) {
+  __shared__ unsigned long long warp_best[kSelThreads / 32];
+  for (int off = 16; off >= 1; off >>= 1) {
+    const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
+    best = o > best ? o : best;
+  }
+  if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = best;
+  __syncthreads();
+  best = 0;
+#pragma unroll
+  for (int w = 0; w < kSelThreads / 32; ++w) best = warp_best[w] > best ? warp_best[w] : best;
+  __syncthreads();
+  return best;
+}
+
+// Whether this CTA is the last of the row's `ctas` to get here (its writes before are visible to that one).
+__device__ bool last_of_row(unsigned* done, unsigned ctas) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == ctas - 1;
+  __syncthreads();
+  return last;
+}
+
+__device__ int64_t key_id_d(unsigned long long key) {
+  return (int64_t)(0xFFFFFFFFu - (unsigned)(key & 0xFFFFFFFFull));
+}
+
+// best[row][chunk] = the chunk's best key; the row's last CTA then writes either
+// the argmax id (kArgmax) or the threshold: the k-th largest of the row's bests.
+template <bool kArgmax>
+__global__ void chunk_best_kernel(const float* logits, int64_t V, int k, unsigned long long* best_out,
+                                  unsigned* done, int64_t* ids, unsigned long long* threshold) {
+  const int64_t row = blockIdx.y;
+  const unsigned chunks = gridDim.x;
+  const float* y = logits + row * V;
+  unsigned long long best = 0;
+#pragma unroll
+  for (int i = 0; i < kSelItems; ++i) {
+    const int64_t j = (int64_t)blockIdx.x * kSelChunk + i * kSelThreads + threadIdx.x;
+    if (j < V) {
+      const unsigned long long key = logit_key(y[j], j);
+      best = key > best ? key : best;
+    }
+  }
+  best = cta_max(best);
+  unsigned long long* row_best = best_out + row * chunks;
+  if (threadIdx.x == 0) row_best[blockIdx.x] = best;
+  if (!last_of_row(done + row, chunks)) return;
+  if (kArgmax) {
+    unsigned long long b = 0;
+    for (unsigned c = threadIdx.x; c < chunks; c += kSelThreads) {
+      const unsigned long long v = __ldcg(row_best + c);
+      b = v > b ? v : b;
+    }
+    b = cta_max(b);
+    if (threadIdx.x == 0) {
+      ids[row] = key_id_d(b);
+      done[row] = 0;
+    }
+  } else {
+    // every chunk holds a real key, so the bests are distinct: exactly one has k - 1 above it
+    // (compared from shared memory: a loop of dependent L2 loads costs microseconds)
+    __shared__ unsigned long long bests[kSelRankKeys];
+    const unsigned n = chunks < (unsigned)kSelRankKeys ? chunks : (unsigned)kSelRankKeys;
+    for (unsigned c = threadIdx.x; c < n; c += kSelThreads) bests[c] = __ldcg(row_best + c);
+    __syncthreads();
+    for (unsigned c = threadIdx.x; c < chunks; c += kSelThreads) {
+      const unsigned long long v = c < n ? bests[c] : __ldcg(row_best + c);
+      int above = 0;
+      for (unsigned d = 0; d < chunks; ++d) above += (d < n ? bests[d] : __ldcg(row_best + d)) > v;
+      if (above == k - 1) threshold[row] = v;
+    }
+    if (threadIdx.x == 0) done[row] = 0;
+  }
+}
+
+// The k-th largest of n distinct keys c[0..n), by a most-significant-digit
+// radix select over the CTA (8 passes of 8 bits): the many candidates of tied
+// logits (a row of zeros has n = (k - 1) * kSelChunk + 1) in O(n) work.
+__device__ unsigned long long cta_kth_largest(const unsigned long long* c, unsigned n, unsigned k) {
+  __shared__ unsigned hist[256];
+  __shared__ unsigned long long prefix_s;
+  __shared__ unsigned remaining_s;
+  unsigned long long prefix = 0, mask = 0;
+  if (threadIdx.x == 0) remaining_s = k;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int d = threadIdx.x; d < 256; d += kSelThreads) hist[d] = 0;
+    __syncthreads();
+    for (unsigned q = threadIdx.x; q < n; q += kSelThreads) {
+      const unsigned long long key = __ldcg(c + q);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned cum = 0, want = remaining_s;
+      int d = 255;
+      for (; d > 0 && cum + hist[d] < want; --d) cum += hist[d];
+      remaining_s = want - cum;
+      prefix_s = prefix | ((unsigned long long)d << shift);
+    }
+    __syncthreads();
+    prefix = prefix_s;
+    mask |= 0xFFull << shift;
+  }
+  return prefix;
+}
+
+// The keys >= the row's threshold into cand[row] (count[row] of them); the
+// row's last CTA ranks them and writes the k best's ids and exact logits.
+__global__ void topk_gather_kernel(const float* logits, int64_t V, int k, const unsigned long long* threshold,
+                                   unsigned long long* cand, unsigned* count, unsigned* done, int64_t* ids,
+                                   float* vals) {
+  __shared__ unsigned long long staged[kSelRankKeys];
+  __shared__ unsigned n_staged;
+  const int64_t row = blockIdx.y;
+  const float* y = logits + row * V;
+  const unsigned long long limit = threshold[row];
+  unsigned long long* c = cand + row * V;
+#pragma unroll
+  for (int i = 0; i < kSelItems; ++i) {
+    const int64_t j = (int64_t)blockIdx.x * kSelChunk + i * kSelThreads + threadIdx.x;
+    if (j < V) {
+      const unsigned long long key = logit_key(y[j], j);
+      if (key >= limit) c[atomicAdd(count + row, 1u)] = key;
+    }
+  }
+  if (!last_of_row(done + row, gridDim.x)) return;
+  const unsigned n = __ldcg(count + row);
+  if (n <= (unsigned)kSelRankKeys) {
+    for (unsigned q = threadIdx.x; q < n; q += kSelThreads) staged[q] = __ldcg(c + q);
+    if (threadIdx.x == 0) n_staged = n;
+  } else {  // too many to rank pairwise: exactly the k keys >= the k-th largest
+    const unsigned long long kth = cta_kth_largest(c, n, (unsigned)k);
+    if (threadIdx.x == 0) n_staged = 0;
+    __syncthreads();
+    for (unsigned q = threadIdx.x; q < n; q += kSelThreads) {
+      const unsigned long long key = __ldcg(c + q);
+      if (key >= kth) staged[atomicAdd(&n_staged, 1u)] = key;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // every thread has read count[row]
+    count[row] = 0;
+    done[row] = 0;
+  }
+  const unsigned m = n_staged;
+  for (unsigned q = threadIdx.x; q < m; q += kSelThreads) {
+    const unsigned long long key = staged[q];
+    unsigned above = 0;
+    for (unsigned d = 0; d < m; ++d) above += staged[d] > key;
+    if (above < (unsigned)k) {
+      const int64_t id = key_id_d(key);
+      ids[row * k + above] = id;
+      vals[row * k + above] = y[id];  // the exact logit (so -0 stays -0)
+    }
+  }
+}
+
 }  // namespace
+
+size_t select_sync_words(int t) { return 3 * (size_t)t; }
+
+size_t argmax_scratch_bytes(int64_t V, int t) { return (size_t)t * sel_chunks(V) * 8; }
+
+void argmax(const float* logits, int64_t V, int t, void* scratch, unsigned* sync, int64_t* ids, cudaStream_t stream) {
+  const dim3 grid((unsigned)sel_chunks(V), (unsigned)t);
+  chunk_best_kernel<true><<<grid, kSelThreads, 0, stream>>>(logits, V, 1, static_cast<unsigned long long*>(scratch),
+                                                            sync, ids, nullptr);
+  check_launch("argmax");
+}
+
+bool topk_threshold_fits(int64_t V, int t, int k) {
+  return k >= 1 && k <= sel_chunks(V) && k <= kSelRankKeys && t <= kSelMaxT;
+}
+
+size_t topk_threshold_scratch_bytes(int64_t V, int t) {
+  return ((size_t)t * sel_chunks(V) + (size_t)t + (size_t)t * V) * 8;
+}
+
+void topk_threshold(const float* logits, int64_t V, int t, int k, void* scratch, unsigned* sync, int64_t* ids,
+                    float* vals, cudaStream_t stream) {
+  if (!topk_threshold_fits(V, t, k)) throw ArgValueError("internal: topk_threshold does not take this (V, t, k)");
+  auto* best = static_cast<unsigned long long*>(scratch);
+  auto* threshold = best + (size_t)t * sel_chunks(V);
+  auto* cand = threshold + t;
+  const dim3 grid((unsigned)sel_chunks(V), (unsigned)t);
+  chunk_best_kernel<false><<<grid, kSelThreads, 0, stream>>>(logits, V, k, best, sync, nullptr, threshold);
+  check_launch("topk_threshold(bests)");
+  topk_gather_kernel<<<grid, kSelThreads, 0, stream>>>(logits, V, k, threshold, cand, sync + 2 * t, sync + t, ids,
+                                                       vals);
+  check_launch("topk_threshold(gather)");
+}
 
 size_t topk_scratch_bytes(int64_t V, int t, int k) { return 2 * (size_t)t * chunks_of(V) * k * 8; }
 

@@ -104,6 +104,16 @@ void bind_cuda(nb::module_& m) {
 #endif
   }, nb::arg("ptr"), nb::arg("count"), "A new numpy copy of `count` float32 at a device address.");
 
+  m.def("cuda_stream_wait", [](uint64_t waiter, uint64_t waited) {
+#ifdef MUSER_HAVE_CUDA
+    cuda::stream_wait((uintptr_t)waiter, (uintptr_t)waited);
+#else
+    (void)waiter, (void)waited;
+    no_cuda_build();
+#endif
+  }, nb::arg("waiter"), nb::arg("waited"),
+  "Makes CUDA stream `waiter` wait for the work queued so far on stream `waited` (handles).");
+
   m.def("cuda_array_info", [](AnyArray a) {
     // For objects that speak only DLPack: (address, shape, strides in elements, dtype, device type, device id)
     nb::list shape, strides;

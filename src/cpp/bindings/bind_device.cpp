@@ -42,14 +42,22 @@ const float* host_rows(const AnyArray& a, int64_t H) {
   return static_cast<const float*>(a.data());
 }
 
+[[noreturn]] void throw_nonfinite_at(Device& dev, const float* x, int64_t bad, int64_t H) {
+  float v = 0;
+  dev.download(x + bad, &v, 1);
+  throw_nonfinite(bad, H, v);
+}
+
 // Where the hidden rows are: a host array, or an address in the head device's memory.
 struct HiddenInput {
   const float* ptr = nullptr;
   bool resident = false;
 };
 
+// check_finite: host rows are scanned here; device rows too unless scan_resident
+// is false (run_call scans them inside the call's graph).
 HiddenInput resolve_hidden(Head& h, const std::optional<AnyArray>& host, uint64_t address, int64_t t,
-                           bool check_finite) {
+                           bool check_finite, bool scan_resident = true) {
   Device& dev = h.device();
   const int64_t H = h.spec().hidden;
   if (t < 1 || t > (1 << 20)) throw ArgValueError("t must be in [1, 2^20], got " + std::to_string(t));
@@ -70,15 +78,20 @@ HiddenInput resolve_hidden(Head& h, const std::optional<AnyArray>& host, uint64_
     throw ArgValueError("hidden is on device " + std::to_string(owner) + " but the head is on '" + dev.name() + "'");
   in.ptr = static_cast<const float*>(p);
   in.resident = true;
-  if (check_finite) {
+  if (check_finite && scan_resident) {
     const int64_t bad = dev.find_nonfinite(in.ptr, t * H);
-    if (bad >= 0) {
-      float v = 0;
-      dev.download(in.ptr + bad, &v, 1);
-      throw_nonfinite(bad, H, v);
-    }
+    if (bad >= 0) throw_nonfinite_at(dev, in.ptr, bad, H);
   }
   return in;
+}
+
+// A call: the hidden rows resolved, then Device::run_call (the NaN scan of device
+// rows in the call's own graph); a NaN or inf it found raises NonFiniteError.
+CallResult run_checked(Head& h, const std::optional<AnyArray>& host, uint64_t address, int64_t t, CallRequest req) {
+  const HiddenInput in = resolve_hidden(h, host, address, t, req.check_finite, false);
+  CallResult r = h.device().run_call(in.ptr, in.resident, (int)t, req);
+  if (r.first_bad >= 0) throw_nonfinite_at(h.device(), in.ptr, r.first_bad, h.spec().hidden);
+  return r;
 }
 
 Device& resident_device(Head& h) {
@@ -109,7 +122,8 @@ void bind_device(nb::module_& m) {
   }, nb::arg("device"), "What a device can do (DeviceCaps) -- making it, so an absent one raises DeviceError.");
 
   m.def("device_run", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t address, int64_t t,
-                         bool squeeze, bool profile, bool check_finite, bool log_softmax) -> nb::tuple {
+                         bool squeeze, bool profile, bool check_finite, bool log_softmax,
+                         std::optional<uint64_t> stream, bool wait) -> nb::tuple {
     Device& dev = resident_device(*h);
     const DeviceCaps caps = dev.caps();
     const int64_t V = h->spec().vocab;
@@ -118,9 +132,19 @@ void bind_device(nb::module_& m) {
     {
       nb::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(h->mutex());
-      const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite);
-      if (log_softmax && !profile) logits = dev.run_resident_log_softmax(in.ptr, in.resident, (int)t);
-      else logits = dev.run_resident(in.ptr, in.resident, (int)t, profile ? &timings : nullptr);
+      if (profile) {
+        if (stream) throw ArgValueError("profile takes no stream=");
+        const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite);
+        logits = dev.run_resident(in.ptr, in.resident, (int)t, &timings);
+      } else {
+        CallRequest req;
+        req.check_finite = check_finite;
+        req.log_softmax = log_softmax;
+        req.has_stream = stream.has_value();
+        req.stream = reinterpret_cast<void*>((uintptr_t)stream.value_or(0));
+        req.wait = wait;
+        logits = run_checked(*h, hidden, address, t, req).logits;
+      }
     }
     struct Owner {
       std::shared_ptr<ResidentBuffer> mem;
@@ -136,10 +160,12 @@ void bind_device(nb::module_& m) {
                                            caps.dlpack_device, caps.ordinal);
     return nb::make_tuple(nb::cast(view), (uint64_t)(uintptr_t)logits->ptr, profile_list(timings));
   }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("squeeze"),
-  nb::arg("profile"), nb::arg("check_finite"), nb::arg("log_softmax") = false,
+  nb::arg("profile"), nb::arg("check_finite"), nb::arg("log_softmax") = false, nb::arg("stream").none() = nb::none(),
+  nb::arg("wait") = true,
   "Run the head's route into logits that stay in device memory (log_softmax: then logits - logsumexp, in place, "
   "on the device); returns (DLPack ndarray, its address, profile). "
-  "The logits are a pooled buffer no one else holds; later calls never write it while a view lives.");
+  "The logits are a pooled buffer no one else holds; later calls never write it while a view lives. "
+  "stream: a CUDA stream handle to run on (wait=False: return with the work queued on it).");
 
   m.def("device_download", [](std::shared_ptr<Head> h, uint64_t address, int64_t count) {
     Device& dev = resident_device(*h);
@@ -168,7 +194,7 @@ void bind_device(nb::module_& m) {
   "held: each run enqueued behind a kernel that holds the stream (devices that have one).");
 
   m.def("device_topk", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t address, int64_t t,
-                          int k, bool check_finite) -> nb::tuple {
+                          int k, bool check_finite, bool ids_only) -> nb::object {
     Device& dev = h->device();
     const DeviceCaps caps = dev.caps();
     const int64_t V = h->spec().vocab;
@@ -176,18 +202,32 @@ void bind_device(nb::module_& m) {
     if (k < 1 || k > V || (caps.max_topk > 0 && k > caps.max_topk))
       throw ArgValueError("k must be in [1, " + std::to_string(caps.max_topk > 0 && caps.max_topk < V ? caps.max_topk : V) +
                           "] for top-k on the device, got " + std::to_string(k));
-    std::vector<int64_t> ids((size_t)(t * k));
-    std::vector<float> vals((size_t)(t * k));
+    if (ids_only && k != 1) throw ArgValueError("ids_only (argmax) takes k=1, got " + std::to_string(k));
+    if (t < 1 || t > (1 << 20)) throw ArgValueError("t must be in [1, 2^20], got " + std::to_string(t));
+    // numpy arrays the results are copied into straight from pinned memory
+    auto* ids = new int64_t[(size_t)(t * k)];
+    nb::capsule ids_owner(ids, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
+    auto* vals = new float[(size_t)(t * k)];
+    nb::capsule vals_owner(vals, [](void* p) noexcept { delete[] static_cast<float*>(p); });
     {
       nb::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(h->mutex());
-      const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite);
-      auto logits = dev.run_resident(in.ptr, in.resident, (int)t, nullptr);
-      dev.topk(static_cast<const float*>(logits->ptr), (int)t, k, ids.data(), vals.data());
+      CallRequest req;
+      req.check_finite = check_finite;
+      req.k = k;
+      req.ids_only = ids_only;
+      req.ids = ids;
+      req.vals = vals;
+      run_checked(*h, hidden, address, t, req);
     }
-    return nb::make_tuple(ids, vals);
+    size_t shape[2] = {(size_t)t, (size_t)k};
+    nb::object id_arr = nb::cast(nb::ndarray<nb::numpy, int64_t>(ids, 2, shape, ids_owner));
+    if (ids_only) return id_arr;
+    return nb::make_tuple(id_arr, nb::cast(nb::ndarray<nb::numpy, float>(vals, 2, shape, vals_owner)));
   }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("k"),
-  nb::arg("check_finite"), "Run the route and rank each row on the device; only (ids, values) [t*k] come back.");
+  nb::arg("check_finite"), nb::arg("ids_only") = false,
+  "Run the route and rank each row on the device in the same call; only (ids, values) [t, k] come back "
+  "(ids_only, k=1: the argmax ids [t, 1] alone).");
   m.def("device_score", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t address, int64_t t,
                            const AnyArray& ids, bool check_finite) -> nb::tuple {
     Device& dev = h->device();
