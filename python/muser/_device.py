@@ -151,7 +151,7 @@ def call(head: Any, hidden: Any, *, on_device: bool, out: Optional[np.ndarray],
     if out is not None and not on_device:
         head._check_out(out, t, single)
     nd, addr, _ = _core.device_run(head._core, rows, ptr, t, single, False, check_finite, log_softmax)
-    V = head.spec.vocab_size
+    V = head._local_vocab  # a sharded head's own columns
     logits = DeviceArray(nd, addr, (V,) if single else (t, V), head._core)
     if on_device:
         if out is not None:
