@@ -178,6 +178,8 @@ def collective_for(group: Any, rank: int, world: int, device: str) -> Optional[C
     a :class:`LocalGroup`, a torch.distributed process group, any :class:`Collective`, or None
     (torch.distributed's default group when it is initialized; else none, and only a world of
     one reduces). Raises ValueError when the group's size or rank is not the shard's."""
+    if group is None and world == 1:  # a world of one exchanges nothing, whatever torch.distributed runs
+        return _Solo()
     if isinstance(group, LocalGroup):
         if group.world != world:
             raise ValueError(f"shard world is {world} but the LocalGroup has {group.world} ranks")
@@ -186,7 +188,7 @@ def collective_for(group: Any, rank: int, world: int, device: str) -> Optional[C
     if torch_group is not None:
         coll: Any = TorchCollective(torch_group, device)
     elif group is None:
-        return _Solo() if world == 1 else None
+        return None
     elif isinstance(group, Collective):
         coll = group
     else:
