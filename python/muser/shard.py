@@ -129,8 +129,8 @@ class _LocalMember:
 
 
 class TorchCollective:
-    """A torch.distributed process group as a :class:`Collective`: ``all_gather_into_tensor``
-    of a uint8 tensor, on ``device`` (the head's GPU for NCCL; the CPU for gloo)."""
+    """A torch.distributed process group as a :class:`Collective`: all_gather of a uint8 tensor
+    on the head's GPU for NCCL, on the CPU for other backends (gloo)."""
 
     def __init__(self, group: Any, device: str):
         import torch
@@ -152,10 +152,13 @@ class TorchCollective:
     def all_gather(self, array: np.ndarray) -> list[np.ndarray]:
         torch = self._torch
         x = torch.from_numpy(np.ascontiguousarray(array)).to(self._device)
-        out = torch.empty(self.world * x.numel(), dtype=x.dtype, device=self._device)
-        self._dist.all_gather_into_tensor(out, x, group=self._group)
-        host = out.cpu().numpy()
-        return list(host.reshape(self.world, -1))
+        if self._device.type == "cuda":  # one buffer, one copy back
+            out = torch.empty(self.world * x.numel(), dtype=x.dtype, device=self._device)
+            self._dist.all_gather_into_tensor(out, x, group=self._group)
+            return list(out.cpu().numpy().reshape(self.world, -1))
+        parts = [torch.empty_like(x) for _ in range(self.world)]  # gloo has no all_gather_into_tensor
+        self._dist.all_gather(parts, x, group=self._group)
+        return [p.numpy() for p in parts]
 
 
 def _torch_group_or_none(group: Any) -> Any:
@@ -353,14 +356,15 @@ def local_topk(head: Any, hidden: Any, k: int, check_finite: bool) -> tuple[np.n
     layout = head._layout
     n = layout.stop - layout.start
     kk = min(k, n)
+    got_ids: Any
+    got_vals: Any
     if head._ranks_on_device:
-        ids, vals, single = _device.topk(head, hidden, kk, check_finite)
+        got_ids, got_vals, single = _device.topk(head, hidden, kk, check_finite)
     else:
         logits, single = head._host_logits(hidden, check_finite)
-        ids, vals = _core.topk_rows(logits, kk)
-    t = -1
-    ids = np.asarray(ids, np.int64).reshape(t, kk) + layout.start
-    vals = np.asarray(vals, np.float32).reshape(t, kk)
+        got_ids, got_vals = _core.topk_rows(logits, kk)
+    ids = np.asarray(got_ids, np.int64).reshape(-1, kk) + layout.start
+    vals = np.asarray(got_vals, np.float32).reshape(-1, kk)
     if kk < k:
         pad = k - kk
         ids = np.concatenate([ids, np.full((ids.shape[0], pad), -1, np.int64)], axis=1)
@@ -377,15 +381,15 @@ def topk(head: Any, hidden: Any, k: int, logprobs: bool, check_finite: bool
         logits, single = head._host_logits(hidden, check_finite)
         t = logits.shape[0]
         kk = min(k, logits.shape[1])
-        ids, vals = _core.topk_rows(logits, kk)
-        ids = np.asarray(ids, np.int64).reshape(t, kk) + layout.start
-        vals = np.asarray(vals, np.float32).reshape(t, kk)
+        got_ids, got_vals = _core.topk_rows(logits, kk)
+        ids = np.asarray(got_ids, np.int64).reshape(t, kk) + layout.start
+        vals = np.asarray(got_vals, np.float32).reshape(t, kk)
         ids = np.pad(ids, ((0, 0), (0, k - kk)), constant_values=-1)
         vals = np.pad(vals, ((0, 0), (0, k - kk)), constant_values=np.nan)
         pairs, cut = _lse_parts(layout, logits)
         cap = _lse_capacity(layout, t) + _bytes([(t, k, np.float32), (t, k, np.int64)])
         got = _exchange(coll, [pairs, cut, vals, ids], cap)
-        _, lse = _lse_merge(layout, [(g[0], g[1]) for g in got])
+        lse: Optional[np.ndarray] = _lse_merge(layout, [(g[0], g[1]) for g in got])[1]
     else:
         ids, vals, single = local_topk(head, hidden, k, check_finite)
         t = ids.shape[0]
@@ -450,7 +454,7 @@ def reduce(head: Any, hidden: Any, grid: np.ndarray, check_finite: bool
         return vals, np.zeros((t, 0), np.int64), lse
     ahead = _count_ahead(logits, s, vals, grid)
     counts = _exchange(coll, [ahead], _bytes([(t, m, np.int64)]))
-    ranks = 1 + sum(c[0] for c in counts)
+    ranks = 1 + np.sum([c[0] for c in counts], axis=0)
     return vals, ranks.astype(np.int64), lse
 
 
@@ -567,10 +571,11 @@ def sample(head: Any, hidden: Any, p: "_sampling._Params", positions: Any, check
     by_rank = p.top_k > 0 or p.top_p < 1.0
     top_k_list: Optional[list[tuple[np.ndarray, np.ndarray]]] = None
     local_drop = np.zeros(t, bool)
+    count = np.zeros(t, np.int64)
     if by_rank:
         counts = _exchange(coll, [(z != _NEG_INF).sum(axis=1).astype(np.int64).reshape(t, 1)],
                            _bytes([(t, 1, np.int64)]))
-        count = sum(c[0][:, 0] for c in counts)
+        count = np.sum([c[0][:, 0] for c in counts], axis=0)
     if p.top_k > 0 and np.any(p.top_k < count):
         cand = _kept_order(z, s, p.top_k)
         got = _exchange(coll, cand[:2], _bytes([(t, p.top_k, np.float32), (t, p.top_k, np.int64)]))
@@ -589,8 +594,9 @@ def sample(head: Any, hidden: Any, p: "_sampling._Params", positions: Any, check
         kept_pair, _ = lse_pairs(coll, layout, z)  # its m is the row's top z
         cuts = _top_p_cuts(coll, z, s, kept_pair, p.top_p, count, top_k_list)
         for r in range(t):
-            if cuts[r] is not None:
-                _drop_after(z, s, r, *cuts[r])
+            cut_at = cuts[r]
+            if cut_at is not None:
+                _drop_after(z, s, r, *cut_at)
                 g_dropped[r] = True
     if p.min_p > 0.0:
         for r in range(t):
@@ -657,8 +663,8 @@ def _top_p_cuts(coll: Collective, z: np.ndarray, start: int, kept_pair: np.ndarr
     for r in range(t):
         if top_k_list is not None and top_k_list[r] is not None:
             zs, ids = top_k_list[r]
-            c = int(_core.sample_top_p_cut(np.ascontiguousarray(zs), f32(kept_pair[r, 0]), f32(kept_pair[r, 1]),
-                                           f32(top_p)))
+            c = int(_core.sample_top_p_cut(np.ascontiguousarray(zs), float(kept_pair[r, 0]),
+                                           float(kept_pair[r, 1]), float(f32(top_p))))
             if 0 <= c < count[r]:
                 result[r] = (float(zs[c - 1]), int(ids[c - 1]))
         else:
@@ -679,8 +685,8 @@ def _top_p_cuts(coll: Collective, z: np.ndarray, start: int, kept_pair: np.ndarr
                     key = topk_keys(g[0][r, K - 1:K], g[1][r, K - 1:K])[0]
                     bound = key if bound is None or key > bound else bound
             certified = len(zs) if bound is None else int((topk_keys(zs, ids) >= bound).sum())
-            c = int(_core.sample_top_p_cut(np.ascontiguousarray(zs[:certified]), f32(kept_pair[r, 0]),
-                                           f32(kept_pair[r, 1]), f32(top_p)))
+            c = int(_core.sample_top_p_cut(np.ascontiguousarray(zs[:certified]), float(kept_pair[r, 0]),
+                                           float(kept_pair[r, 1]), float(f32(top_p))))
             if c >= 0:
                 if c < count[r]:
                     result[r] = (float(zs[c - 1]), int(ids[c - 1]))
