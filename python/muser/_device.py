@@ -235,7 +235,7 @@ def call(head: Any, hidden: Any, *, on_device: bool, out: Optional[np.ndarray],
         handle = _current_stream(hidden) if on_device else None
     nd, addr, _ = _core.device_run(head._core, rows, ptr, t, single, False, check_finite, log_softmax, handle,
                                    False)
-    V = head._spec.vocab_size
+    V = head._local_vocab  # a sharded head's own columns
     pending = handle is not None and not (check_finite and rows is None)  # run_call's rule: a scan waits
     logits = DeviceArray(nd, addr, (V,) if single else (t, V), head._core, caps, handle if pending else None)
     if on_device:

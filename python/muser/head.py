@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union, overload
 import numpy as np
 
 from . import _core, _device, _sampling
+from . import shard as _shard
 from ._sampling import Sample
 
 if TYPE_CHECKING:  # the shapes the overloads tell apart (numpy >= 2 types an array's shape)
@@ -180,6 +181,11 @@ class Head:
         self._caps = dict(core.caps)  # fixed for the head's life; read on every device call
         self._ranks_on_device = bool(self._caps["ranks_on_device"]) and pinned is None
         self._threads = 0  # the reductions' CPU threads: the default
+        start, stop = (int(v) for v in core.shard_rows)
+        self._local_vocab = stop - start  # the columns of this head's logits (V unless sharded)
+        self._shard: Optional[tuple[int, int]] = None
+        self._layout: Optional[_shard.Layout] = None
+        self._collective: Optional[_shard.Collective] = None
         return self
 
     @classmethod
@@ -193,6 +199,8 @@ class Head:
         threads: Optional[int] = None,
         mmap: bool = True,
         fuse: bool = True,
+        shard: Optional[tuple[int, int]] = None,
+        group: Any = None,
         **overrides: Any,
     ) -> "Head":
         """Load the head of the GGUF model at ``path``.
@@ -213,6 +221,14 @@ class Head:
                 ``fused``/``canonical`` the epilogue with the matvec) as one kernel where
                 the device has one -- the same bytes either way; ``False`` runs and
                 profiles every node on its own (``Head.steps`` lists the kernels).
+            shard: ``(rank, world)``: load only the LM-head rows ``[rank*V//world, (rank+1)*V//world)``
+                (``shard_rows``); calls return those logits, and the reductions (argmax, topk,
+                logsumexp, log_softmax, score, sample) return the unsharded head's results, bit
+                for bit, by exchanging small summaries with the other shards (muser.shard;
+                docs/numerics.md, "Sharded heads"). None: the whole vocabulary.
+            group: the shards' collective: a :class:`muser.shard.LocalGroup` (shards in one
+                process), a torch.distributed process group (gloo for CPU heads, NCCL for CUDA
+                heads), or None (torch.distributed's default group when it is initialized).
             **overrides: switch a step: ``softcap=None`` or ``softcap=20.0``,
                 ``logit_scale=None`` or a value, ``eps=1e-6``,
                 ``output_weight="token_embd.weight"``, ``arch="gemma2"``.
@@ -239,15 +255,26 @@ class Head:
             elif caps["resident_logits"]:
                 raise ValueError("route='pinned' runs llama.cpp's ggml CPU or Metal backend; "
                                  "use device='cpu' (or 'metal' on a Mac)")
+        rank, world = _check_shard(shard)
+        if shard is not None and route == "pinned":
+            raise ValueError("route='pinned' runs llama.cpp's whole head; it cannot be sharded (shard=None)")
         core_route = "graph" if route == "pinned" else route
-        core = _core.Head.load(path, device, core_route, acts, int(threads or 0), mmap, fuse, dict(overrides))
+        core = _core.Head.load(path, device, core_route, acts, int(threads or 0), mmap, fuse, dict(overrides),
+                               rank, world)
         pinned = None
         if route == "pinned":
             from . import pinned as _pinned  # optional dependency: llama-cpp-python
             from ._core import GGUFFile
 
             pinned = _pinned.PinnedHead(GGUFFile(path), core.spec, threads, backend=pinned_backend)
-        return cls._from_core(core, pinned, path, route)
+        head = cls._from_core(core, pinned, path, route)
+        if shard is not None:
+            head._shard = (rank, world)
+            head._layout = _shard.make_layout(head._spec.vocab_size, rank, world)
+            head._collective = _shard.collective_for(group, rank, world, head.device)
+        elif group is not None:
+            raise ValueError("group= is the shards' collective; pass shard=(rank, world) with it")
+        return head
 
     # ---- what was loaded ----
     @property
@@ -258,6 +285,17 @@ class Head:
     @property
     def route(self) -> str:
         return self._route
+
+    @property
+    def shard(self) -> Optional[tuple[int, int]]:
+        """``(rank, world)`` of a sharded head, or None."""
+        return self._shard
+
+    @property
+    def shard_rows(self) -> tuple[int, int]:
+        """``(start, stop)``: the LM-head rows (token ids) this head computes; ``(0, V)`` unsharded."""
+        start, stop = self._core.shard_rows
+        return int(start), int(stop)
 
     @property
     def device(self) -> str:
@@ -398,7 +436,7 @@ class Head:
                 out.reshape(result.shape)[...] = result
                 return out
             return result[0] if single else result
-        out2 = None if out is None else out.reshape(rows.shape[0], self._spec.vocab_size)
+        out2 = None if out is None else out.reshape(rows.shape[0], self._local_vocab)
         view, _ = self._core.run(rows, out2, False, check_finite)
         if out is not None:
             return out
@@ -409,7 +447,7 @@ class Head:
             raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
         if out.dtype != np.float32:
             raise TypeError(f"out must be float32, got {out.dtype}")
-        expect = (self._spec.vocab_size,) if single else (t, self._spec.vocab_size)
+        expect = (self._local_vocab,) if single else (t, self._local_vocab)
         if out.shape != expect:
             raise ValueError(f"out must have shape {expect}, got {out.shape}")
         if not (out.flags.c_contiguous and out.flags.aligned):
@@ -430,6 +468,8 @@ class Head:
         Ties go to the lowest token id; NaN never wins. The soft cap is strictly
         increasing, so this is also the argmax of the uncapped scores.
         """
+        if self._shard is not None:
+            return _shard.argmax(self, hidden, check_finite)
         if self._ranks_on_device:
             return _device.argmax(self, hidden, check_finite)  # ranked on the device: only the ids come back
         rows, single = self._rows(hidden)
@@ -458,6 +498,9 @@ class Head:
         if not isinstance(logprobs, bool):
             raise TypeError(f"logprobs must be a bool, got {type(logprobs).__name__}")
         k = int(k)
+        if self._shard is not None:
+            vals, ids, lps, single = _shard.topk(self, hidden, k, logprobs, check_finite)
+            return TopK(vals[0], ids[0], None if lps is None else lps[0]) if single else TopK(vals, ids, lps)
         if logprobs:  # one pass over the logits for both the winners and the row's logsumexp
             logits, single = self._host_logits(hidden, check_finite)
             ids, vals = _core.topk_rows(logits, k)
@@ -508,6 +551,8 @@ class Head:
         """The vocabulary reduction of the route's logits for ids ``grid`` [t, m] (m may be 0):
         ``(values [t, m], ranks [t, m], lse [t])``."""
         rows, ptr, t, _ = inputs
+        if self._shard is not None:  # every shard's summaries, exchanged (muser.shard)
+            return _shard.reduce(self, hidden, grid, check_finite)
         if self._pinned is not None:  # llama.cpp's logits: reduced on the host
             logits = self(rows if rows is not None else hidden, check_finite=check_finite).reshape(t, -1)
             _, vals, ranks, lse = _core.score_rows(logits, grid, self._threads)
@@ -522,8 +567,16 @@ class Head:
         of a buffer the head owns (like ``head(hidden)``), or ``out`` when given.
 
         On a device with memory of its own (CUDA) the reduction runs there, and
-        ``on_device=True`` returns the :class:`muser.DeviceArray` without a copy.
+        ``on_device=True`` returns the :class:`muser.DeviceArray` without a copy. A sharded
+        head returns its columns of the unsharded log-softmax, in host memory.
         """
+        if self._shard is not None:
+            if on_device:
+                raise ValueError("a sharded head's log_softmax returns host memory; on_device=True is not supported")
+            if out is not None:
+                _, _, t, single = self._inputs(hidden)
+                self._check_out(out, t, single)
+            return _shard.log_softmax(self, hidden, out, check_finite)
         if self._pinned is None and self.caps["resident_logits"]:
             return _device.call(self, hidden, on_device=on_device, out=out, check_finite=check_finite,
                                 log_softmax=True)
@@ -596,6 +649,8 @@ class Head:
         p = _sampling.check_params(self._spec.vocab_size, seed=seed, positions=positions,
                                    temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                    logit_bias=logit_bias, allowed=allowed)
+        if self._shard is not None:
+            return _shard.sample(self, hidden, p, positions, check_finite)
         if self._pinned is None and self.caps.get("sample_on_device"):
             rows, ptr, t, single = self._inputs(hidden)
             pos = _sampling.check_positions(positions, t, single)
@@ -621,3 +676,20 @@ class Head:
         rows, _ = self._rows(hidden)
         _, prof = self._core.run(rows, None, True, check_finite)
         return [NodeProfile(p["label"], p["kind"], p["seconds"], p["bytes"]) for p in prof]
+
+
+def _check_shard(shard: Any) -> tuple[int, int]:
+    """``(rank, world)`` of a ``shard=`` argument ((0, 1) for None); the row formula checks the rest."""
+    if shard is None:
+        return 0, 1
+    if not isinstance(shard, (tuple, list)) or len(shard) != 2:
+        raise TypeError(f"shard must be a (rank, world) pair of ints, got {shard!r}")
+    for name, v in zip(("rank", "world"), shard):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"shard {name} must be an int, got {type(v).__name__}")
+    rank, world = int(shard[0]), int(shard[1])
+    if world < 1:
+        raise ValueError(f"shard world must be >= 1, got {world}")
+    if not 0 <= rank < world:
+        raise ValueError(f"shard rank must be in [0, {world}) (world {world}), got {rank}")
+    return rank, world

@@ -22,6 +22,18 @@ std::vector<float> vector_tensor(const GGUFFile& f, const std::string& name) {
 
 }  // namespace
 
+RowRange shard_row_range(int64_t vocab, int64_t rank, int64_t world) {
+  if (world < 1) throw ArgValueError("shard world must be >= 1, got " + std::to_string(world));
+  if (rank < 0 || rank >= world)
+    throw ArgValueError("shard rank must be in [0, " + std::to_string(world) + ") (world " + std::to_string(world) +
+                        "), got " + std::to_string(rank));
+  if (world > vocab)
+    throw ArgValueError("shard world " + std::to_string(world) + " exceeds the vocabulary (" + std::to_string(vocab) +
+                        " rows): a shard would be empty");
+  // rank * vocab < 2^63 for any vocabulary a GGUF tensor can hold and world <= vocab
+  return {rank * vocab / world, (rank + 1) * vocab / world};
+}
+
 std::shared_ptr<Head> Head::load(const std::string& path, const HeadOptions& options) {
   return from_file(GGUFFile::open(path, options.mmap ? GGUFFile::Load::Map : GGUFFile::Load::Copy), options);
 }
@@ -32,10 +44,15 @@ std::shared_ptr<Head> Head::from_file(std::shared_ptr<GGUFFile> file, const Head
   h->file_ = std::move(file);
   h->options_ = options;
   h->spec_ = read_head_spec(*h->file_, options.overrides);
+  h->model_vocab_ = h->spec_.vocab;
+  h->rows_ = shard_row_range(h->model_vocab_, options.shard_rank, options.shard_world);
+  h->spec_.vocab = h->rows_.count();  // the device sees the shard's rows alone: a smaller weight
   const HeadSpec& s = h->spec_;
   const GGUFTensorInfo* w = h->file_->find_tensor(s.output_weight);
   h->nodes_ = build_route(options.route, s, options.acts);  // before any upload: refuses what cannot run
-  h->weights_.output = {w->type, s.vocab, s.hidden, w->row_bytes(), h->file_->tensor_data(*w)};
+  // a row range is a contiguous byte range: the shard's rows start rows_.start * row_bytes in
+  h->weights_.output = {w->type, s.vocab, s.hidden, w->row_bytes(),
+                        h->file_->tensor_data(*w) + h->rows_.start * w->row_bytes()};
   h->weights_.gamma = vector_tensor(*h->file_, s.norm_weight);
   h->weights_.mapping = {h->file_->base(), (size_t)h->file_->file_size(), (size_t)::sysconf(_SC_PAGESIZE)};
   h->device_ = make_device(options.device, options.threads);

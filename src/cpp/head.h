@@ -17,6 +17,20 @@ namespace muser {
 
 class GGUFFile;
 
+// A vocabulary shard: the LM-head rows [start, stop) one Head computes
+// (docs/numerics.md, "Sharded heads").
+struct RowRange {
+  int64_t start = 0;
+  int64_t stop = 0;
+  int64_t count() const { return stop - start; }
+};
+
+// Rows of shard `rank` of `world` over `vocab` rows: [floor(rank V / world),
+// floor((rank + 1) V / world)), so every row lands in exactly one shard and
+// shard sizes differ by at most one. Throws ArgValueError unless world >= 1,
+// 0 <= rank < world and world <= vocab (no shard is empty).
+RowRange shard_row_range(int64_t vocab, int64_t rank, int64_t world);
+
 struct HeadOptions {
   std::string device = "cpu";
   Route route = Route::Graph;
@@ -25,6 +39,8 @@ struct HeadOptions {
   bool mmap = true;  // false: read the file into private memory at load (no window for a changing file)
   bool fuse = true;  // run the adjacent nodes the route allows to fuse as one kernel where the device can
   SpecOverrides overrides;
+  int64_t shard_rank = 0;   // this Head computes rows shard_row_range(V, shard_rank, shard_world)
+  int64_t shard_world = 1;  // 1: the whole vocabulary
 };
 
 class Head {
@@ -32,7 +48,11 @@ class Head {
   static std::shared_ptr<Head> load(const std::string& path, const HeadOptions& options);
   static std::shared_ptr<Head> from_file(std::shared_ptr<GGUFFile> file, const HeadOptions& options);
 
+  // The spec the device runs: vocab is the shard's row count (the model's V when unsharded).
   const HeadSpec& spec() const { return spec_; }
+  // The model's vocabulary (rows of the file's output weight) and this Head's rows of it.
+  int64_t model_vocab() const { return model_vocab_; }
+  const RowRange& rows() const { return rows_; }
   const HeadOptions& options() const { return options_; }
   const std::vector<Node>& nodes() const { return nodes_; }
   const std::shared_ptr<GGUFFile>& file() const { return file_; }
@@ -62,6 +82,8 @@ class Head {
   Head() = default;
   std::shared_ptr<GGUFFile> file_;
   HeadSpec spec_;
+  int64_t model_vocab_ = 0;
+  RowRange rows_;
   HeadOptions options_;
   HeadWeights weights_;
   std::vector<Node> nodes_;

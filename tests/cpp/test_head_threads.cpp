@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "device.h"
+#include "errors.h"
 #include "gguf.h"
 #include "gguf_bytes.h"
 #include "head.h"
@@ -119,6 +120,47 @@ TEST(HeadThreads, PoolReusesOnlyFreeBuffers) {
   EXPECT_EQ(head->buffer(), nullptr) << "the latest result was a one-off buffer, freed with its last owner";
   EXPECT_EQ(head->run(x.data(), 1, nullptr, nullptr)->data, pooled) << "the pool's buffers wait for reuse";
   EXPECT_NE(head->buffer(), nullptr);
+}
+
+// A shard (HeadOptions::shard_rank/shard_world) computes rows [rank V / world,
+// (rank + 1) V / world) of the weight, in place: the same columns of the
+// unsharded logits, bit for bit; bad shard arguments are refused.
+TEST(HeadShard, RowRangeIsTheUnshardedColumns) {
+  const int64_t H = 256, V = 2003, t = 3;
+  const auto bytes = head_file(H, V, 11);
+  muser::HeadOptions opt;
+  opt.route = muser::Route::Canonical;
+  opt.threads = 2;
+  auto file = muser::GGUFFile::from_bytes("shard.gguf", bytes.data(), bytes.size());
+  auto full = muser::Head::from_file(file, opt);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g;
+  std::vector<float> x((size_t)(t * H));
+  for (float& v : x) v = g(rng);
+  std::vector<float> want((size_t)(t * V));
+  full->run(x.data(), (int)t, want.data(), nullptr);
+  for (int64_t world : {2, 3, 7}) {
+    for (int64_t rank = 0; rank < world; ++rank) {
+      opt.shard_rank = rank;
+      opt.shard_world = world;
+      auto h = muser::Head::from_file(file, opt);
+      const int64_t s = rank * V / world, e = (rank + 1) * V / world;
+      ASSERT_EQ(h->rows().start, s);
+      ASSERT_EQ(h->rows().stop, e);
+      ASSERT_EQ(h->spec().vocab, e - s);
+      ASSERT_EQ(h->model_vocab(), V);
+      EXPECT_EQ(h->output_weight().data, full->output_weight().data + s * full->output_weight().row_bytes);
+      std::vector<float> got((size_t)(t * (e - s)));
+      h->run(x.data(), (int)t, got.data(), nullptr);
+      for (int64_t r = 0; r < t; ++r)
+        EXPECT_EQ(std::memcmp(got.data() + r * (e - s), want.data() + r * V + s, (size_t)(e - s) * 4), 0)
+            << "world " << world << " rank " << rank << " row " << r;
+    }
+  }
+  EXPECT_THROW(muser::shard_row_range(V, 2, 2), muser::ArgValueError);
+  EXPECT_THROW(muser::shard_row_range(V, -1, 2), muser::ArgValueError);
+  EXPECT_THROW(muser::shard_row_range(V, 0, 0), muser::ArgValueError);
+  EXPECT_THROW(muser::shard_row_range(3, 0, 4), muser::ArgValueError);
 }
 
 }  // namespace

@@ -189,8 +189,10 @@ void bind_head(nb::module_& m) {
       .def_static(
           "load",
           [](const std::string& path, const std::string& device, const std::string& route, const std::string& acts,
-             int threads, bool mmap, bool fuse, const nb::dict& overrides) {
+             int threads, bool mmap, bool fuse, const nb::dict& overrides, int64_t shard_rank, int64_t shard_world) {
             HeadOptions o;
+            o.shard_rank = shard_rank;
+            o.shard_world = shard_world;
             o.mmap = mmap;
             o.fuse = fuse;
             o.device = device;
@@ -202,11 +204,18 @@ void bind_head(nb::module_& m) {
             return Head::load(path, o);
           },
           nb::arg("path"), nb::arg("device"), nb::arg("route"), nb::arg("acts"), nb::arg("threads"),
-          nb::arg("mmap"), nb::arg("fuse"), nb::arg("overrides"))
+          nb::arg("mmap"), nb::arg("fuse"), nb::arg("overrides"), nb::arg("shard_rank") = 0,
+          nb::arg("shard_world") = 1)
       .def_ro_static("POOL_SIZE", &Head::kPoolSize)
       .def("check_file", [](const Head& h) { h.check_file(); },
            "Raise GGUFError when the mapped file changed since load (what every call checks first).")
-      .def_prop_ro("spec", [](const Head& h) { return spec_dict(h.spec()); })
+      .def_prop_ro("spec",
+                   [](const Head& h) {
+                     nb::dict d = spec_dict(h.spec());
+                     d["vocab_size"] = h.model_vocab();  // the model's V; a shard's rows are shard_rows
+                     return d;
+                   })
+      .def_prop_ro("shard_rows", [](const Head& h) { return std::make_pair(h.rows().start, h.rows().stop); })
       .def_prop_ro("route", [](const Head& h) { return std::string(route_name(h.options().route)); })
       .def_prop_ro("acts", [](const Head& h) { return std::string(acts_name(h.options().acts)); })
       .def_prop_ro("device", [](Head& h) { return h.device().name(); })

@@ -45,4 +45,5 @@ void bind_device(nanobind::module_& m);  // bind_device.cpp: resident logits, to
 void bind_metal(nanobind::module_& m);   // bind_metal.cpp: the Metal backend's test hooks
 void bind_cuda(nanobind::module_& m);    // bind_cuda.cpp: the CUDA backend helpers (count, bandwidth, memory)
 void bind_sample(nanobind::module_& m);  // bind_sample.cpp: seeded sampling, the Philox generator
+void bind_shard(nanobind::module_& m);   // bind_shard.cpp: the exact pieces of cross-shard reductions
 }  // namespace muser::py

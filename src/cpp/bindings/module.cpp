@@ -49,4 +49,5 @@ NB_MODULE(_core, m) {
   muser::py::bind_cuda(m);
   muser::py::bind_metal(m);
   muser::py::bind_sample(m);
+  muser::py::bind_shard(m);
 }
