@@ -186,3 +186,12 @@ def test_tiled_score_ranks_ties_across_tiles(head_file, rng):
         rank_of[order[r]] = np.arange(1, V + 1)
         assert list(s.ranks[r]) == [rank_of[7], rank_of[2049], rank_of[4100]]
         assert s.ranks[r, 1] == s.ranks[r, 0] + 1 and s.ranks[r, 2] == s.ranks[r, 0] + 2
+
+
+def test_on_device_results_need_a_device_with_memory_of_its_own(head_file, rng):
+    head = muser.Head.load(head_file(weight_type="Q8_0", hidden=256, vocab=3001))
+    x = rng.standard_normal(256, dtype=np.float32)
+    for call in (lambda: head.score(x, 3, on_device=True), lambda: head.logsumexp(x, on_device=True),
+                 lambda: head.sample(x, temperature=0.0, on_device=True)):
+        with pytest.raises(ValueError, match="memory of its own"):
+            call()

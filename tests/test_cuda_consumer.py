@@ -214,3 +214,29 @@ def test_device_sample_names_a_non_finite_row(files):
     with pytest.raises(muser.NonFiniteError, match="row 0, token .* is not finite after logit_bias and temperature"):
         gpu.sample(x, seed=1, positions=np.arange(3), temperature=1e-38)
     assert gpu.sample(x, seed=1, positions=np.arange(3)).tokens.shape == (3,)  # the head is still usable
+
+
+def test_reductions_on_device_stay_in_device_memory_with_the_host_bits(files):
+    # on_device=True: the same results, as DeviceArrays (float32 values, int64 ranks and tokens)
+    torch = pytest.importorskip("torch", reason="torch reads the device arrays")
+    path = files("Q5_K", 5003)
+    gpu = muser.Head.load(path, device="cuda", route="fused")
+    x = hidden_states(256, 4, seed=31)
+    ids = np.random.default_rng(2).integers(0, 5003, size=(4, 3))
+    host, dev = gpu.score(x, ids), gpu.score(x, ids, on_device=True)
+    for field in ("logprobs", "logits", "ranks", "logsumexp"):
+        d = getattr(dev, field)
+        assert isinstance(d, muser.DeviceArray) and d.shape == np.shape(getattr(host, field)), field
+        np.testing.assert_array_equal(d.get(), getattr(host, field), err_msg=field)
+        assert torch.from_dlpack(d).dtype == (torch.int64 if field == "ranks" else torch.float32)
+    one = gpu.score(x[1], 7, on_device=True)
+    assert one.ranks.shape == () and int(one.ranks.get()) == gpu.score(x[1], 7).ranks
+    lse = gpu.logsumexp(x, on_device=True)
+    np.testing.assert_array_equal(bits(lse.get()), bits(host.logsumexp))
+    for kw in ({}, {"top_p": 0.9}, {"top_k": 2000}):  # 2000 > kTopkMax: the host draws, then uploads
+        want = gpu.sample(x, seed=5, positions=np.arange(4), **kw)
+        got = gpu.sample(x, seed=5, positions=np.arange(4), on_device=True, **kw)
+        np.testing.assert_array_equal(got.tokens.get(), want.tokens)
+        assert got.tokens.dtype == np.int64
+        for field in ("logprobs", "processed_logprobs", "kept_mass"):
+            np.testing.assert_array_equal(bits(getattr(got, field).get()), bits(getattr(want, field)), err_msg=field)

@@ -25,7 +25,7 @@ _KDL_CPU = 1  # DLPack device type of host memory
 
 
 class DeviceArray:
-    """Logits in device memory, shared without a copy.
+    """Logits (or a reduction's results, ``on_device=True``) in device memory, shared without a copy.
 
     Exposes ``__cuda_array_interface__`` (``cupy.asarray(x)``,
     ``torch.as_tensor(x, device="cuda")``) and ``__dlpack__``
@@ -35,11 +35,13 @@ class DeviceArray:
     head takes another from its pool (or a new one) instead.
     """
 
-    __slots__ = ("_nd", "_ptr", "_head", "shape", "device_id", "_dl_device", "stream")
+    __slots__ = ("_nd", "_ptr", "_head", "shape", "device_id", "_dl_device", "stream", "dtype")
 
     def __init__(self, nd: Any, ptr: int, shape: tuple, head_core: Any, caps: Optional[dict] = None,
-                 stream: Optional[int] = None):
+                 stream: Optional[int] = None, dtype: Any = np.float32):
         caps = head_core.caps if caps is None else caps
+        #: float32 (logits, log-probabilities) or int64 (ids, ranks)
+        self.dtype = np.dtype(dtype)
         self._nd = nd  # nanobind's DLPack ndarray: owns the buffer (and the head)
         self._ptr = int(ptr)
         self._head = head_core
@@ -49,8 +51,6 @@ class DeviceArray:
         #: the CUDA stream (a handle) the logits are being written on when the call returned
         #: without waiting (``stream=``, ``check_finite=False``), else None: complete
         self.stream = stream
-
-    dtype = np.dtype(np.float32)
 
     @property
     def ndim(self) -> int:
@@ -62,7 +62,7 @@ class DeviceArray:
 
     @property
     def nbytes(self) -> int:
-        return 4 * self.size
+        return self.dtype.itemsize * self.size
 
     @property
     def data_ptr(self) -> int:
@@ -72,7 +72,7 @@ class DeviceArray:
     def __cuda_array_interface__(self) -> dict:
         # stream None: the data is complete; else the stream that writes it (0, the legacy default, is 1 here)
         stream = None if self.stream is None else (self.stream or 1)
-        return {"shape": self.shape, "typestr": "<f4", "data": (self._ptr, False), "strides": None,
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self._ptr, False), "strides": None,
                 "version": 3, "stream": stream}
 
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
@@ -96,13 +96,14 @@ class DeviceArray:
 
     def get(self) -> np.ndarray:
         """A new host copy (numpy); waits for the stream that writes the logits."""
-        return np.asarray(_core.device_download(self._head, self._ptr, self.size)).reshape(self.shape)
+        words = np.asarray(_core.device_download(self._head, self._ptr, self.nbytes // 4))
+        return words.view(self.dtype).reshape(self.shape)
 
     def __len__(self) -> int:
         return self.shape[0]
 
     def __repr__(self) -> str:
-        return f"muser.DeviceArray(shape={self.shape}, dtype=float32, device={self._head.device!r})"
+        return f"muser.DeviceArray(shape={self.shape}, dtype={self.dtype}, device={self._head.device!r})"
 
 
 def _torch_tensor(obj: Any) -> bool:

@@ -528,16 +528,36 @@ class Head:
             return (logits.reshape(1, -1) if logits.ndim == 1 else logits), logits.ndim == 1
         return self(rows, check_finite=check_finite), single
 
-    def logsumexp(self, hidden: Any, *, check_finite: bool = True) -> Union[float, np.ndarray]:
+    def logsumexp(self, hidden: Any, *, check_finite: bool = True, on_device: bool = False) -> Any:
         """The logsumexp of each row's logits: a float for ``[H]``, float32 ``[t]`` for ``[t, H]``.
 
         The canonical order (tiles of 2,048 ids, 32 lanes, fixed merge trees; exp and
         log from exact operations): the same bits for any batch size and thread count.
         The vocabulary is reduced tile by tile: no ``[t, V]`` logits are kept.
+        ``on_device=True`` (CUDA) leaves the result in device memory: a :class:`muser.DeviceArray`
+        of shape ``()`` or ``[t]``.
         """
+        if on_device:
+            inputs = self._device_inputs(hidden)
+            got = _core.device_score(self._core, inputs[0], inputs[1], inputs[2],
+                                     np.zeros((inputs[2], 0), np.int64), check_finite, True)
+            return self._device_result(got[2], () if inputs[3] else (inputs[2],), np.float32)
         inputs = self._inputs(hidden)
         lse = self._reduce(hidden, inputs, np.zeros((inputs[2], 0), np.int64), check_finite)[2]
         return float(lse[0]) if inputs[3] else lse
+
+    def _device_inputs(self, hidden: Any) -> tuple[Optional[np.ndarray], int, int, bool]:
+        """_inputs for a reduction whose results stay in device memory (``on_device=True``)."""
+        if self._pinned is not None or self._shard is not None or not self.caps["resident_logits"]:
+            raise ValueError("on_device=True needs an unsharded head on a device with memory of its own; "
+                             f"this head runs on {self.device!r}"
+                             + (" (sharded)" if self._shard is not None else "")
+                             + (" (route='pinned')" if self._pinned is not None else ""))
+        return _device._inputs(self, hidden)
+
+    def _device_result(self, view: tuple, shape: tuple, dtype: Any) -> "DeviceArray":
+        """A :class:`muser.DeviceArray` of an engine's ``(DLPack ndarray, address)``."""
+        return _device.DeviceArray(view[0], view[1], shape, self._core, dtype=dtype)
 
     def _inputs(self, hidden: Any) -> tuple[Optional[np.ndarray], int, int, bool]:
         """``(host rows or None, device address, t, single)`` of a validated hidden state."""
@@ -557,7 +577,7 @@ class Head:
             logits = self(rows if rows is not None else hidden, check_finite=check_finite).reshape(t, -1)
             _, vals, ranks, lse = _core.score_rows(logits, grid, self._threads)
         else:
-            vals, ranks, lse = _core.device_score(self._core, rows, ptr, t, grid, check_finite)
+            vals, ranks, lse, _ = _core.device_score(self._core, rows, ptr, t, grid, check_finite)
         return (np.asarray(vals, np.float32).reshape(t, -1), np.asarray(ranks, np.int64).reshape(t, -1),
                 np.asarray(lse, np.float32).reshape(t))
 
@@ -595,7 +615,7 @@ class Head:
             return out
         return logits[0] if single else logits
 
-    def score(self, hidden: Any, token_ids: Any, *, check_finite: bool = True) -> Scores:
+    def score(self, hidden: Any, token_ids: Any, *, check_finite: bool = True, on_device: bool = False) -> Scores:
         """The log-probability, capped logit and 1-based rank of chosen tokens, and each row's
         logsumexp (see :class:`Scores`).
 
@@ -603,11 +623,13 @@ class Head:
         row) or ``[t, m]`` for a batch ``[t, H]``. Ids must lie in ``[0, V)``. The vocabulary
         is reduced tile by tile (the chosen ids' logits first, from their rows alone), so
         memory is O(t * m) plus a bounded scratch: no ``[t, V]`` logits are kept.
+        ``on_device=True`` (CUDA) leaves the four fields in device memory, each a
+        :class:`muser.DeviceArray` of the shape it would have on the host (``()`` for a scalar).
         """
         ids = np.asarray(token_ids)
         if ids.dtype.kind not in "iu" or ids.dtype == np.bool_:
             raise TypeError(f"token_ids must be integers, got {ids.dtype}")
-        inputs = self._inputs(hidden)
+        inputs = self._device_inputs(hidden) if on_device else self._inputs(hidden)
         t, single = inputs[2], inputs[3]
         shape = ids.shape
         if single:
@@ -622,6 +644,11 @@ class Head:
             raise ValueError(f"token_ids for {t} rows must have shape [{t}] or [{t}, m], got {shape}")
         # ids outside [0, V) are refused by the reduction itself, before it computes
         grid = np.ascontiguousarray(grid, dtype=np.int64).reshape(t, -1)
+        if on_device:
+            dv, dr, dl, dp = _core.device_score(self._core, inputs[0], inputs[1], t, grid, check_finite, True)
+            lse_shape = () if single else (t,)
+            return Scores(self._device_result(dp, shape, np.float32), self._device_result(dv, shape, np.float32),
+                          self._device_result(dr, shape, np.int64), self._device_result(dl, lse_shape, np.float32))
         vals, ranks, lse = self._reduce(hidden, inputs, grid, check_finite)
         lp = (vals - lse[:, None]).astype(np.float32)  # logit - logsumexp: log_softmax's one subtraction
         vals, ranks, lp = vals.reshape(shape), ranks.reshape(shape), lp.reshape(shape)
@@ -631,7 +658,7 @@ class Head:
 
     def sample(self, hidden: Any, *, seed: Optional[int] = None, positions: Any = None, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, logit_bias: Any = None,
-               allowed: Any = None, check_finite: bool = True) -> Sample:
+               allowed: Any = None, check_finite: bool = True, on_device: bool = False) -> Sample:
         """One token per row, drawn reproducibly: ``Sample(tokens, logprobs, processed_logprobs,
         kept_mass)`` (an int and floats for ``[H]``, arrays ``[t]`` for ``[t, H]``).
 
@@ -651,17 +678,29 @@ class Head:
                                    logit_bias=logit_bias, allowed=allowed)
         if self._shard is not None:
             return _shard.sample(self, hidden, p, positions, check_finite)
+        if on_device:
+            self._device_inputs(hidden)  # refuses a head without device memory of its own
         if self._pinned is None and self.caps.get("sample_on_device"):
             rows, ptr, t, single = self._inputs(hidden)
             pos = _sampling.check_positions(positions, t, single)
             drawn = _core.device_sample(self._core, rows, ptr, t, pos, p.seed, p.temperature, p.top_k, p.top_p,
-                                        p.min_p, p.bias, p.allowed, check_finite)
+                                        p.min_p, p.bias, p.allowed, check_finite, on_device)
             if drawn is not None:
+                if on_device:
+                    shape = () if single else (t,)
+                    return Sample(*(self._device_result(v, shape, dt) for v, dt in
+                                    zip(drawn, (np.int64, np.float32, np.float32, np.float32))))
                 return _sampling.sample_result(drawn, single)
             # the device left this draw to the host (a row's problem is named there)
         logits, single = self._host_logits(hidden, check_finite)
         pos = _sampling.check_positions(positions, logits.shape[0], single)
-        return _sampling.sample_logits(logits, single, p, pos, self._threads)
+        drawn_host = _sampling.sample_logits(logits, single, p, pos, self._threads)
+        if not on_device:
+            return drawn_host
+        shape = () if single else (logits.shape[0],)  # a draw the device declined, uploaded
+        return Sample(*(self._device_result(_core.device_upload(self._core, np.ascontiguousarray(v, dt).reshape(-1)),
+                                            shape, dt)
+                        for v, dt in zip(drawn_host, (np.int64, np.float32, np.float32, np.float32))))
 
     def profile(self, hidden: Any, *, check_finite: bool = True) -> list[NodeProfile]:
         """Run once and report each kernel's time and bytes under the labels of its nodes.

@@ -48,6 +48,10 @@ int64_t Device::find_nonfinite(const float* x, int64_t n) {
 
 void Device::download(const float* src, float* dst, size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 
+std::shared_ptr<ResidentBuffer> Device::upload(const void*, size_t) {
+  throw DeviceError("device '" + name() + "' has no memory of its own to upload to");
+}
+
 int Device::owner_of(const void*) const { return -1; }
 
 std::vector<double> Device::route_seconds(const float* hidden, bool hidden_resident, int t, int reps, bool) {
@@ -72,10 +76,10 @@ void Device::score(const float* hidden, bool hidden_resident, int t, VocabScores
   auto logits = alloc_host((size_t)t * (size_t)V);
   run(hidden, t, logits->data, nullptr);
   cpu::logsumexp_rows(logits->data, t, V, cpu::default_threads(), out.lse);
-  if (out.m > 0) {
-    std::vector<float> logprobs((size_t)t * (size_t)out.m);
-    cpu::score_rows(logits->data, t, V, out.ids, out.m, out.lse, cpu::default_threads(), logprobs.data(), out.values, out.ranks);
-  }
+  if (out.keep_on_device) throw DeviceError("device '" + name() + "' has no memory of its own to keep scores in");
+  if (out.m > 0)
+    cpu::score_rows(logits->data, t, V, out.ids, out.m, out.lse, cpu::default_threads(), out.logprobs, out.values,
+                    out.ranks);
 }
 
 bool Device::sample(const float*, bool, int, SampleRequest&, SampleResult*) { return false; }

@@ -79,13 +79,31 @@ struct VocabScores {
   const int64_t* ids = nullptr;  // host [t x m], each in [0, V)
   float* lse = nullptr;          // host [t]
   float* values = nullptr;       // host [t x m]
+  float* logprobs = nullptr;     // host [t x m]: value - lse
   int64_t* ranks = nullptr;      // host [t x m]
   // Device-resident hidden states: the device checks them for NaN/inf as part
   // of its own work (no round trip of its own) and reports the lowest bad
   // index, or -1, in first_nonfinite. Only devices with memory of their own see it set.
   bool check_hidden = false;
   int64_t first_nonfinite = -1;
+  // A device with memory of its own also leaves the results there when asked:
+  // device_out holds them as vocab_scores_layout places them.
+  bool keep_on_device = false;
+  std::shared_ptr<ResidentBuffer> device_out;
 };
+// Byte offsets of VocabScores::device_out for t rows of m ids: lse [t] at 0,
+// values [t x m], logprobs [t x m], ranks [t x m] (int64, 8-aligned).
+struct VocabScoresLayout {
+  size_t values, logprobs, ranks, bytes;
+};
+inline VocabScoresLayout vocab_scores_layout(int64_t t, int64_t m) {
+  VocabScoresLayout l;
+  l.values = (size_t)t * 4;
+  l.logprobs = l.values + (size_t)(t * m) * 4;
+  l.ranks = (l.logprobs + (size_t)(t * m) * 4 + 7) / 8 * 8;
+  l.bytes = l.ranks + (size_t)(t * m) * 8;
+  return l;
+}
 
 // What Device::sample draws with (muser/sample.h), in host memory.
 struct SampleRequest {
@@ -96,6 +114,10 @@ struct SampleRequest {
   // as VocabScores: a device-resident hidden state checked in the device's own work
   bool check_hidden = false;
   int64_t first_nonfinite = -1;
+  // as VocabScores: device_out holds tokens [t] (int64) | logprobs [t] |
+  // processed_logprobs [t] | kept_mass [t] (float32)
+  bool keep_on_device = false;
+  std::shared_ptr<ResidentBuffer> device_out;
 };
 
 // What one call asks of a device with memory of its own besides the route's
@@ -165,6 +187,9 @@ class Device {
   virtual int64_t find_nonfinite(const float* x, int64_t n);
   // Copies n floats of this device's memory to host memory (synchronous).
   virtual void download(const float* src, float* dst, size_t n);
+  // A new buffer of this device's memory holding a copy of n host bytes
+  // (synchronous); the default has no memory of its own and refuses.
+  virtual std::shared_ptr<ResidentBuffer> upload(const void* src, size_t n);
   // The ordinal of the device of this kind that owns p, or -1 when p is not its memory.
   virtual int owner_of(const void* p) const;
   // Seconds of each of `reps` runs of the whole prepared route as a call runs

@@ -548,10 +548,10 @@ class CudaDevice final : public Device {
     normed_.ensure(xbytes, ordinal_, "normed hidden states");
     if (q8_) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
     const int group = std::min<int64_t>(t, score_group_tokens(V));
-    // pinned in: ids [t*m] (int64); out: lse [t] | values [t*m] | (8-aligned) ahead [t*m] | first non-finite hidden
+    // pinned in: ids [t*m] (int64); out: vocab_scores_layout's arrays | first non-finite hidden
     const size_t in_bytes = (size_t)n_ids * 8;
-    const size_t values_at = (size_t)t * 4, ahead_at = (values_at + (size_t)n_ids * 4 + 7) / 8 * 8;
-    const size_t bad_at = ahead_at + (size_t)n_ids * 8, out_bytes = bad_at + 8;
+    const VocabScoresLayout at = vocab_scores_layout(t, m);
+    const size_t bad_at = at.bytes, out_bytes = bad_at + 8;
     const bool check_x = out.check_hidden && hidden_on_device;
     auto* in_host = static_cast<uint8_t*>(score_in_host_.ensure(std::max<size_t>(in_bytes, 8)));
     auto* out_host = static_cast<uint8_t*>(score_out_host_.ensure(out_bytes));
@@ -582,12 +582,21 @@ class CudaDevice final : public Device {
     check(cudaGraphLaunch(score_graph_.exec, stream_), "cudaGraphLaunch (score)");
     check(cudaStreamSynchronize(stream_), "score (synchronize)");
     std::memcpy(out.lse, out_host, (size_t)t * 4);
-    std::memcpy(out.values, out_host + values_at, (size_t)n_ids * 4);
-    const auto* ahead = reinterpret_cast<const unsigned long long*>(out_host + ahead_at);
-    for (int64_t i = 0; i < n_ids; ++i) out.ranks[i] = 1 + (int64_t)ahead[i];
+    std::memcpy(out.values, out_host + at.values, (size_t)n_ids * 4);
+    std::memcpy(out.logprobs, out_host + at.logprobs, (size_t)n_ids * 4);
+    std::memcpy(out.ranks, out_host + at.ranks, (size_t)n_ids * 8);
     unsigned long long bad = 0;
     std::memcpy(&bad, out_host + bad_at, 8);
     out.first_nonfinite = check_x && bad < (unsigned long long)(t * H) ? (int64_t)bad : -1;
+    if (out.keep_on_device && out.first_nonfinite < 0) out.device_out = device_copy(out_dev, at.bytes, "scores");
+  }
+
+  // A new device buffer holding n bytes copied from src (device memory), complete on return.
+  std::shared_ptr<DeviceMemory> device_copy(const void* src, size_t n, const char* what) {
+    auto mem = std::make_shared<DeviceMemory>(std::max<size_t>(n, 8), ordinal_, what);
+    check(cudaMemcpyAsync(mem->ptr, src, n, cudaMemcpyDeviceToDevice, stream_), "copy of results");
+    check(cudaStreamSynchronize(stream_), "copy of results (synchronize)");
+    return mem;
   }
 
   // Tokens per group of score(): as many whole 64-token tiles (the matvecs'
@@ -603,7 +612,7 @@ class CudaDevice final : public Device {
   // score()'s kernels on the stream (captured into its graph).
   void enqueue_score(const float* x, int t, int64_t m, int group, const uint8_t* in_dev, uint8_t* out_dev,
                      uint8_t* out_host, size_t out_bytes) {
-    const int64_t H = spec_.hidden, V = spec_.vocab, n_ids = (int64_t)t * m;
+    const int64_t H = spec_.hidden, V = spec_.vocab;
     float* normed = static_cast<float*>(normed_.mem->ptr);
     size_t mv = 0;
     while (mv < nodes_.size() && !is_matvec(nodes_[mv].kind)) ++mv;
@@ -614,9 +623,11 @@ class CudaDevice final : public Device {
     if (is_q8(kind)) quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
     const auto* w = static_cast<const uint8_t*>(weight_->ptr);
     const auto* ids = reinterpret_cast<const int64_t*>(in_dev);
+    const VocabScoresLayout at = vocab_scores_layout(t, m);
     float* lse = reinterpret_cast<float*>(out_dev);
-    float* values = reinterpret_cast<float*>(out_dev + (size_t)t * 4);
-    auto* ahead = reinterpret_cast<unsigned long long*>(out_dev + ((size_t)t * 4 + (size_t)n_ids * 4 + 7) / 8 * 8);
+    auto* values = reinterpret_cast<float*>(out_dev + at.values);
+    auto* logprobs = reinterpret_cast<float*>(out_dev + at.logprobs);
+    auto* ranks = reinterpret_cast<int64_t*>(out_dev + at.ranks);
     auto* y = static_cast<float*>(score_chunk_.mem->ptr);
     for (int k0 = 0; k0 < t; k0 += group) {
       const int g = std::min(group, t - k0);
@@ -626,7 +637,8 @@ class CudaDevice final : public Device {
       r.ids = ids + (int64_t)k0 * m;
       r.lse = lse + k0;
       r.values = values + (int64_t)k0 * m;
-      r.ahead = ahead + (int64_t)k0 * m;
+      r.logprobs = logprobs + (int64_t)k0 * m;
+      r.ranks = ranks + (int64_t)k0 * m;
       vocab_reduce(r, stream_);
     }
     check(cudaMemcpyAsync(out_host, out_dev, out_bytes, cudaMemcpyDeviceToHost, stream_), "download of scores");
@@ -792,7 +804,19 @@ class CudaDevice final : public Device {
     unsigned long long bad = 0;
     std::memcpy(&bad, out_host + bad_at, 8);
     req.first_nonfinite = check_x && bad < (unsigned long long)(t * H) ? (int64_t)bad : -1;
-    return req.first_nonfinite < 0;
+    if (req.first_nonfinite >= 0) return false;
+    bool all_ok = true;
+    for (int r = 0; r < t; ++r) all_ok = all_ok && out[r].status == kSampleOk;
+    if (req.keep_on_device && all_ok) {  // tokens [t] (int64) | logprobs | processed_logprobs | kept_mass
+      auto mem = std::make_shared<DeviceMemory>((size_t)t * 20, ordinal_, "samples");
+      auto* base = static_cast<uint8_t*>(mem->ptr);
+      auto* f = reinterpret_cast<float*>(base + (size_t)t * 8);
+      sample_unpack(reinterpret_cast<const SampleResult*>(out_dev), t, reinterpret_cast<int64_t*>(base), f, f + t,
+                    f + 2 * t, stream_);
+      check(cudaStreamSynchronize(stream_), "samples (synchronize)");
+      req.device_out = mem;
+    }
+    return true;
   }
 
   int64_t find_nonfinite(const float* x, int64_t n) override {
@@ -803,6 +827,14 @@ class CudaDevice final : public Device {
     check(cudaMemcpyAsync(&host, first, sizeof host, cudaMemcpyDeviceToHost, stream_), "download of a flag");
     check(cudaStreamSynchronize(stream_), "find_nonfinite (synchronize)");
     return host >= (unsigned long long)n ? -1 : (int64_t)host;
+  }
+
+  std::shared_ptr<ResidentBuffer> upload(const void* src, size_t n) override {
+    DeviceScope scope(ordinal_);
+    auto mem = std::make_shared<DeviceMemory>(std::max<size_t>(n, 8), ordinal_, "an upload");
+    check(cudaMemcpyAsync(mem->ptr, src, n, cudaMemcpyHostToDevice, stream_), "upload");
+    check(cudaStreamSynchronize(stream_), "upload (synchronize)");
+    return mem;
   }
 
   void download(const float* src, float* dst, size_t n) override {

@@ -103,7 +103,8 @@ void topk_threshold(const float* logits, int64_t V, int t, int k, void* scratch,
 size_t lse_pair_bytes();
 // One launch over t rows of n logits y[k * ld + i]: lse[k] = the row's
 // canonical logsumexp; for its m chosen ids ids[k * m + q]: values = their
-// logits, ahead = the count of ids ranked ahead (ranks_ahead). Scratch: pairs
+// logits, logprobs = value - lse, ranks = 1 + the ids ranked ahead
+// (ranks_ahead). Scratch: pairs
 // [t x tiles]; ahead_acc [t x m] and done [t] must be zero before the first
 // launch, and the kernel leaves them zero.
 struct VocabReduceArgs {
@@ -116,7 +117,8 @@ struct VocabReduceArgs {
   unsigned* done = nullptr;
   float* lse = nullptr;
   float* values = nullptr;
-  unsigned long long* ahead = nullptr;
+  float* logprobs = nullptr;
+  int64_t* ranks = nullptr;
 };
 void vocab_reduce(const VocabReduceArgs& a, cudaStream_t stream);
 // ---- sample.cu: one draw per row on the device (muser/sample.h's sample_row) ----
@@ -163,6 +165,9 @@ void sample_prep(const SampleKargs& a, cudaStream_t stream);
 void sample_threshold(const SampleKargs& a, cudaStream_t stream);
 void sample_kept_pairs(const SampleKargs& a, bool final_pass, cudaStream_t stream);
 void sample_top_p(const SampleKargs& a, cudaStream_t stream);
+// The t results as arrays: tokens (int64), logprobs, processed_logprobs, kept_mass.
+void sample_unpack(const SampleResult* results, int t, int64_t* tokens, float* logprobs, float* processed,
+                   float* kept_mass, cudaStream_t stream);
 
 // y[k, i] -= lse[k] over t rows of V logits: log-softmax in place.
 void subtract_rows(float* y, int64_t V, int t, const float* lse, cudaStream_t stream);

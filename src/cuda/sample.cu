@@ -296,7 +296,24 @@ __global__ void sample_top_p_kernel(SampleKargs a) {
   }
 }
 
+__global__ void sample_unpack_kernel(const SampleResult* r, int t, int64_t* tokens, float* lp, float* plp,
+                                     float* mass) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= t) return;
+  tokens[k] = r[k].token;
+  lp[k] = r[k].logprob;
+  plp[k] = r[k].processed_logprob;
+  mass[k] = r[k].kept_mass;
+}
+
 }  // namespace
+
+void sample_unpack(const SampleResult* results, int t, int64_t* tokens, float* logprobs, float* processed,
+                   float* kept_mass, cudaStream_t stream) {
+  sample_unpack_kernel<<<(unsigned)((t + 127) / 128), 128, 0, stream>>>(results, t, tokens, logprobs, processed,
+                                                                         kept_mass);
+  check_launch("sample_unpack");
+}
 
 void sample_prep(const SampleKargs& a, cudaStream_t stream) {
   const unsigned tiles = (unsigned)((a.V + kLseTile - 1) / kLseTile);

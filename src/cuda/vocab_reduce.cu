@@ -76,10 +76,13 @@ __global__ void __launch_bounds__(kTileThreads, 4) vocab_reduce_kernel(VocabRedu
     a.lse[k] = lse_value(root);
     a.done[k] = 0;
   }
+  const float lse = lse_value(root);
   for (int q = lane; q < a.m; q += kCanonLanes) {
     const int64_t at = k * a.m + q;
-    a.values[at] = row[a.ids[at]];
-    a.ahead[at] = atomicExch(a.ahead_acc + at, 0ull);
+    const float v = row[a.ids[at]];
+    a.values[at] = v;
+    a.logprobs[at] = v - lse;  // log_softmax's one subtraction
+    a.ranks[at] = 1 + (int64_t)atomicExch(a.ahead_acc + at, 0ull);
   }
 }
 

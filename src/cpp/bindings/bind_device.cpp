@@ -115,6 +115,23 @@ nb::dict caps_dict(const DeviceCaps& c) {
   return d;
 }
 
+// (DLPack ndarray, address) of n elements of `dt` at byte `offset` of a device
+// buffer; the array keeps the buffer and the head alive.
+nb::tuple device_view(const std::shared_ptr<ResidentBuffer>& mem, const std::shared_ptr<Head>& h, size_t offset,
+                      nb::dlpack::dtype dt, size_t n) {
+  struct Owner {
+    std::shared_ptr<ResidentBuffer> mem;
+    std::shared_ptr<Head> head;
+  };
+  const DeviceCaps caps = h->device().caps();
+  auto* owner = new Owner{mem, h};
+  nb::capsule cap(owner, [](void* p) noexcept { delete static_cast<Owner*>(p); });
+  void* ptr = static_cast<uint8_t*>(mem->ptr) + offset;
+  size_t shape[1] = {n};
+  nb::ndarray<nb::array_api> view(ptr, 1, shape, cap, nullptr, dt, caps.dlpack_device, caps.ordinal);
+  return nb::make_tuple(nb::cast(view), (uint64_t)(uintptr_t)ptr);
+}
+
 void bind_device(nb::module_& m) {
   m.def("device_caps", [](const std::string& name) {
     auto dev = make_device(name, 1);
@@ -166,6 +183,19 @@ void bind_device(nb::module_& m) {
   "on the device); returns (DLPack ndarray, its address, profile). "
   "The logits are a pooled buffer no one else holds; later calls never write it while a view lives. "
   "stream: a CUDA stream handle to run on (wait=False: return with the work queued on it).");
+
+  m.def("device_upload", [](std::shared_ptr<Head> h, const AnyArray& host) {
+    if (host.device_type() != nb::device::cpu::value || !c_contiguous(host))
+      throw ArgValueError("device_upload takes a C-contiguous host array");
+    const size_t n = host.nbytes();
+    std::shared_ptr<ResidentBuffer> mem;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(h->mutex());
+      mem = h->device().upload(host.data(), n);
+    }
+    return device_view(mem, h, 0, host.dtype(), host.size());
+  }, nb::arg("head"), nb::arg("host"), "A copy of a host array in the head device's memory: (DLPack ndarray, address).");
 
   m.def("device_download", [](std::shared_ptr<Head> h, uint64_t address, int64_t count) {
     Device& dev = resident_device(*h);
@@ -229,7 +259,7 @@ void bind_device(nb::module_& m) {
   "Run the route and rank each row on the device in the same call; only (ids, values) [t, k] come back "
   "(ids_only, k=1: the argmax ids [t, 1] alone).");
   m.def("device_score", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t address, int64_t t,
-                           const AnyArray& ids, bool check_finite) -> nb::tuple {
+                           const AnyArray& ids, bool check_finite, bool on_device) -> nb::tuple {
     Device& dev = h->device();
     const int64_t V = h->spec().vocab;
     if (ids.dtype() != nb::dtype<int64_t>() || ids.ndim() != 2 || (int64_t)ids.shape(0) != t || !c_contiguous(ids) ||
@@ -243,7 +273,9 @@ void bind_device(nb::module_& m) {
         throw ArgValueError("token id " + std::to_string(id[q]) + " is outside [0, " + std::to_string(V) + ")");
     auto lse = owned<float>(1, (size_t)t);
     auto values = owned<float>((size_t)t, (size_t)m);
+    auto logprobs = owned<float>((size_t)t, (size_t)m);
     auto ranks = owned<int64_t>((size_t)t, (size_t)m);
+    VocabScores out;
     {
       nb::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(h->mutex());
@@ -251,13 +283,14 @@ void bind_device(nb::module_& m) {
       // a device hidden state is checked inside the device's own work (no round trip of its own)
       const bool device_checks = check_finite && !hidden;
       const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite && !device_checks);
-      VocabScores out;
       out.m = m;
       out.ids = id;
       out.lse = lse.data();
       out.values = values.data();
+      out.logprobs = logprobs.data();
       out.ranks = ranks.data();
       out.check_hidden = device_checks;
+      out.keep_on_device = on_device;
       dev.score(in.ptr, in.resident, (int)t, out);
       if (out.first_nonfinite >= 0) {
         float v = 0;
@@ -265,14 +298,24 @@ void bind_device(nb::module_& m) {
         throw_nonfinite(out.first_nonfinite, h->spec().hidden, v);
       }
     }
-    return nb::make_tuple(values, ranks, lse);
+    if (on_device) {  // the same arrays, left in device memory (vocab_scores_layout)
+      const VocabScoresLayout at = vocab_scores_layout(t, m);
+      const size_t n = (size_t)(t * m);
+      return nb::make_tuple(device_view(out.device_out, h, at.values, nb::dtype<float>(), n),
+                            device_view(out.device_out, h, at.ranks, nb::dtype<int64_t>(), n),
+                            device_view(out.device_out, h, 0, nb::dtype<float>(), (size_t)t),
+                            device_view(out.device_out, h, at.logprobs, nb::dtype<float>(), n));
+    }
+    return nb::make_tuple(values, ranks, lse, logprobs);
   }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("ids"),
-  nb::arg("check_finite"),
-  "Run the route and reduce its logits over the vocabulary (Device::score): (values [t*m], ranks [t*m], lse [t]).");
+  nb::arg("check_finite"), nb::arg("on_device") = false,
+  "Run the route and reduce its logits over the vocabulary (Device::score): (values [t, m], ranks [t, m], lse [t], "
+  "logprobs [t, m]); on_device: each as (DLPack ndarray, address) in device memory.");
 
   m.def("device_sample", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t address, int64_t t,
                             U64s positions, uint64_t seed, float temperature, int top_k, float top_p, float min_p,
-                            std::optional<Row> bias, std::optional<Mask> allowed, bool check_finite) -> nb::object {
+                            std::optional<Row> bias, std::optional<Mask> allowed, bool check_finite,
+                            bool on_device) -> nb::object {
     Device& dev = h->device();
     const int64_t V = h->spec().vocab;
     if ((int64_t)positions.shape(0) != t)
@@ -291,9 +334,17 @@ void bind_device(nb::module_& m) {
       const bool device_checks = check_finite && !hidden;  // as device_score
       const HiddenInput in = resolve_hidden(*h, hidden, address, t, check_finite && !device_checks);
       req.check_hidden = device_checks;
+      req.keep_on_device = on_device;
       drawn = dev.sample(in.ptr, in.resident, (int)t, req, res.data());
     }
     if (!drawn) return nb::none();  // the caller samples host logits (and names any row's problem)
+    if (on_device) {  // tokens [t] (int64) | logprobs | processed_logprobs | kept_mass
+      const size_t n = (size_t)t;
+      return nb::make_tuple(device_view(req.device_out, h, 0, nb::dtype<int64_t>(), n),
+                            device_view(req.device_out, h, 8 * n, nb::dtype<float>(), n),
+                            device_view(req.device_out, h, 12 * n, nb::dtype<float>(), n),
+                            device_view(req.device_out, h, 16 * n, nb::dtype<float>(), n));
+    }
     auto tokens = owned<int64_t>(1, (size_t)t);
     auto lp = owned<float>(1, (size_t)t), plp = owned<float>(1, (size_t)t), mass = owned<float>(1, (size_t)t);
     for (int64_t r = 0; r < t; ++r) {
@@ -305,7 +356,7 @@ void bind_device(nb::module_& m) {
     return nb::make_tuple(tokens, lp, plp, mass);
   }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("positions"),
   nb::arg("seed"), nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"), nb::arg("min_p"),
-  nb::arg("bias").none(), nb::arg("allowed").none(), nb::arg("check_finite"),
+  nb::arg("bias").none(), nb::arg("allowed").none(), nb::arg("check_finite"), nb::arg("on_device") = false,
   "Run the route and draw one token per row on the device (Device::sample): (tokens, logprobs, "
   "processed_logprobs, kept_mass), or None where the device leaves the draw to the host.");
 }

@@ -215,7 +215,7 @@ class CpuDevice final : public Device {
   // row's dot product does not depend on its neighbours: docs/numerics.md), so
   // each tile can count the ids ahead of them.
   void score(const float* hidden, bool hidden_resident, int t, VocabScores& out) override {
-    if (hidden_resident) Device::score(hidden, hidden_resident, t, out);  // refuses, saying why
+    if (hidden_resident || out.keep_on_device) Device::score(hidden, hidden_resident, t, out);  // refuses, saying why
     const int64_t H = spec_.hidden, V = spec_.vocab, m = out.m;
     normed_.resize((size_t)t * (size_t)H);
     const cpu::StepBuffers b{hidden, normed_.data(), nullptr, &acts_q8_};
@@ -283,7 +283,10 @@ class CpuDevice final : public Device {
       }
     });
     for (int k = 0; k < t; ++k) out.lse[k] = lse_value(lse_tree(pairs.data() + k * tiles, (int)tiles));
-    for (int64_t q = 0; q < t * m; ++q) out.ranks[q] = 1 + ahead[(size_t)q].load(std::memory_order_relaxed);
+    for (int64_t q = 0; q < t * m; ++q) {
+      out.ranks[q] = 1 + ahead[(size_t)q].load(std::memory_order_relaxed);
+      out.logprobs[q] = out.values[q] - out.lse[q / m];  // log_softmax's one subtraction
+    }
   }
 
  private:
