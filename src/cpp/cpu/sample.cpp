@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu/kernels.h"
 #include "cpu/parallel.h"
 
 namespace muser::cpu {
@@ -17,7 +18,8 @@ namespace {
 constexpr int64_t kRaceChunk = 16384;  // ids per parallel piece of one race
 
 // sample_row's Steps on the CPU: the kept-set order by nth_element and sort;
-// pairs and the race over `threads` (1: SampleSerialSteps' serial forms).
+// pairs on the SIMD tile twins and the race, both over `threads` (the race
+// at 1 thread: SampleSerialSteps' serial form).
 struct CpuSteps {
   int threads;
 
@@ -26,11 +28,14 @@ struct CpuSteps {
     if (k < count) std::nth_element(order, order + k, order + count, before);  // O(count), then the prefix
     std::sort(order, order + k, before);
   }
+  // sample_row_pair's tiles on the active ISA's twin (bit-equal to lse_tile)
   LsePair pair(const float* z, int n, LsePair* tiles) const {
-    if (threads <= 1) return SampleSerialSteps{}.pair(z, n, tiles);
     const int count = sample_tile_count(n);
     parallel_for(count, 8, threads, [&](int64_t a, int64_t b) {
-      for (int64_t k = a; k < b; ++k) tiles[k] = sample_tile_pair(z, n, (int)k);
+      for (int64_t k = a; k < b; ++k) {
+        const int i0 = (int)k * kLseTile;
+        tiles[k] = lse_tile_cpu(z + i0, n - i0 < kLseTile ? n - i0 : kLseTile);
+      }
     });
     return lse_tree(tiles, count);
   }

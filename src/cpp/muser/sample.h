@@ -215,6 +215,38 @@ struct KeptSet {
   float lse;
 };
 
+// The kept-set order's buckets: bucket b holds the finite z with
+// floor((m - z) * kSampleBucketsPerUnit) = b (m the largest z), the last one
+// everything from kSampleBucketSpan below m on. The bucket grows as z falls,
+// so the ids of buckets 0 .. B are a prefix of the kept-set order (ties share
+// a bucket): top_k and top_p sort that prefix alone instead of the row.
+MUSER_CONSTANT constexpr int kSampleBuckets = 513;
+MUSER_CONSTANT constexpr float kSampleBucketsPerUnit = 8.0f;
+MUSER_CONSTANT constexpr float kSampleBucketSpan = 64.0f;  // (kSampleBuckets - 1) / kSampleBucketsPerUnit
+MUSER_HD int sample_bucket(float z, float m) {
+  const float f = (m - z) * kSampleBucketsPerUnit;
+  return f < (float)(kSampleBuckets - 1) ? (int)f : kSampleBuckets - 1;
+}
+
+// order[0, count) = the ids of the finite z in buckets 0 .. last, increasing id.
+template <class PZ, class PO>
+MUSER_HD int sample_bucket_ids(PZ z, int n, float m, int last, PO order) {
+  const float neg_inf = lse_neg_inf();
+  int count = 0;
+  for (int i = 0; i < n; ++i)
+    if (z[i] != neg_inf && sample_bucket(z[i], m) <= last) order[count++] = i;
+  return count;
+}
+
+// Keeps the kept-set order's prefix ending at token `last` (z[last] = zl):
+// every other finite z becomes -inf.
+template <class PZ>
+MUSER_HD void sample_keep_through(PZ z, int n, float zl, int32_t last) {
+  const float neg_inf = lse_neg_inf();
+  for (int i = 0; i < n; ++i)
+    if (i != last && !sample_before(z[i], i, zl, last)) z[i] = neg_inf;
+}
+
 // Steps 3-5 on z (written by sample_processed, which gave `sh`): drops
 // tokens to -inf for top_k, top_p, min_p (sh.dropped records it). `order`
 // has room for n ids, `tiles` for ceil(n / kLseTile) pairs;
@@ -222,44 +254,83 @@ struct KeptSet {
 // the `count` ids in order[0, count) in the kept-set order (sample_before).
 // row_lse: the logits' canonical logsumexp, which is the kept set's when z
 // is x and nothing was dropped (the same pair of the same row).
+// top_k and top_p rank only a prefix of the order that provably holds their
+// cut (the buckets above; a bucket's weights are at least e^-(b+1)/8): the
+// cut is the one a sort of the whole row gives, which is what they fall back
+// to when the bound does not settle it.
 template <class PZ, class PO, class PT, class Steps>
 MUSER_HD KeptSet sample_kept_set(PZ z, int n, SampleParams p, float row_lse, MUSER_THREAD SampleShape& sh, PO order,
                                  PT tiles, MUSER_THREAD Steps& ops) {
   const float neg_inf = lse_neg_inf();
   const float m = z[sh.top];
-  const bool by_rank = p.top_k > 0 || p.top_p < 1.0f;
-  int count = 0;
-  if (by_rank)
+  if (p.top_k > 0 || p.top_p < 1.0f) {
+    int hist[kSampleBuckets];
+    for (int b = 0; b < kSampleBuckets; ++b) hist[b] = 0;
+    int count = 0;  // the finite z
     for (int i = 0; i < n; ++i)
-      if (z[i] != neg_inf) order[count++] = i;
-  const bool top_k_cuts = p.top_k > 0 && p.top_k < count;
-  if (top_k_cuts) {
-    ops.prefix(order, count, p.top_k, z);
-    for (int j = p.top_k; j < count; ++j) z[order[j]] = neg_inf;
-    count = p.top_k;
-    sh.dropped = true;
-  }
-  if (p.top_p < 1.0f) {
-    const LsePair kept = ops.pair(z, n, tiles);  // kept.m == m
-    // sort a growing prefix until its mass reaches top_p: a short prefix when
-    // the distribution is peaked, the whole set at worst
-    int sorted = top_k_cuts ? count : 0;  // top_k sorted its survivors
-    int cut = count;
-    // every weight is <= 1, so the prefix holds about top_p * s tokens or more: start
-    // there (any start finds the same cut: the first prefix reaching, in a sorted prefix)
-    const float at_least = kept.s * p.top_p;
-    int want = at_least < 64.0f ? 64 : at_least < (float)count ? (int)at_least + 1 : count;
-    for (;; want = want > count / 4 ? count : want * 4) {
-      const int k = want < count ? want : count;
-      if (k > sorted) {
-        ops.prefix(order, count, k, z);
-        sorted = k;
+      if (z[i] != neg_inf) {
+        ++hist[sample_bucket(z[i], m)];
+        ++count;
       }
-      cut = sample_top_p_count(z, order, k, kept.m, kept.s, p.top_p);
-      if (cut < k || k == count) break;
+    const bool top_k_cuts = p.top_k > 0 && p.top_k < count;
+    if (top_k_cuts) {  // the buckets holding the top_k first, then their order
+      int last = 0;
+      for (int within = hist[0]; within < p.top_k; within += hist[++last]) {
+      }
+      const int candidates = sample_bucket_ids(z, n, m, last, order);
+      ops.prefix(order, candidates, p.top_k, z);
+      sample_keep_through(z, n, z[order[p.top_k - 1]], order[p.top_k - 1]);
+      count = p.top_k;
+      sh.dropped = true;
     }
-    for (int j = cut; j < count; ++j) z[order[j]] = neg_inf;
-    sh.dropped = sh.dropped || cut < count;
+    if (p.top_p < 1.0f) {
+      const LsePair kept = ops.pair(z, n, tiles);  // kept.m == m
+      int cut = -1;
+      if (top_k_cuts) {  // top_k sorted its survivors
+        cut = sample_top_p_count(z, order, count, kept.m, kept.s, p.top_p);
+      } else {
+        // the fewest buckets whose mass, bounded below, passes top_p * s (with
+        // a margin for the rounding of the running sum): their prefix holds the cut
+        // unless the running sum still falls short at its end
+        const float target = p.top_p * kept.s * 1.001f;
+        float mass = 0.0f;
+        int last = -1, candidates = 0;
+        for (int b = 0; b < kSampleBuckets - 1 && mass < target; ++b) {
+          mass += (float)hist[b] * canon_exp_nonpos(-(float)(b + 1) / kSampleBucketsPerUnit) * 0.999f;
+          candidates += hist[b];
+          last = b;
+        }
+        if (mass >= target && candidates < count) {
+          candidates = sample_bucket_ids(z, n, m, last, order);
+          ops.prefix(order, candidates, candidates, z);
+          const int c = sample_top_p_count(z, order, candidates, kept.m, kept.s, p.top_p);
+          if (c < candidates) cut = c;
+        }
+      }
+      if (cut < 0) {  // the whole order: sort a growing prefix until its mass reaches top_p
+        count = 0;
+        for (int i = 0; i < n; ++i)
+          if (z[i] != neg_inf) order[count++] = i;
+        int sorted = 0;
+        // every weight is <= 1, so the prefix holds about top_p * s tokens or more: start
+        // there (any start finds the same cut: the first prefix reaching, in a sorted prefix)
+        const float at_least = kept.s * p.top_p;
+        int want = at_least < 64.0f ? 64 : at_least < (float)count ? (int)at_least + 1 : count;
+        for (;; want = want > count / 4 ? count : want * 4) {
+          const int k = want < count ? want : count;
+          if (k > sorted) {
+            ops.prefix(order, count, k, z);
+            sorted = k;
+          }
+          cut = sample_top_p_count(z, order, k, kept.m, kept.s, p.top_p);
+          if (cut < k || k == count) break;
+        }
+      }
+      if (cut < count) {
+        sample_keep_through(z, n, z[order[cut - 1]], order[cut - 1]);
+        sh.dropped = true;
+      }
+    }
   }
   if (p.min_p > 0.0f)  // e^(z - max) = p / p_max: the normalization cancels
     for (int i = 0; i < n; ++i)
@@ -275,13 +346,16 @@ MUSER_HD KeptSet sample_kept_set(PZ z, int n, SampleParams p, float row_lse, MUS
 // lse (computed as score computes it), and the raw mass of the kept set (the
 // tokens with z > -inf) through `raw` (scratch for n floats). The shortcuts
 // give the bits of the full computation: nothing dropped, the kept row is the
-// row (mass 1); one kept token, its pair is (x, 1) and its logsumexp x.
+// row (mass 1); one kept token, its pair is (x, 1) and its logsumexp x;
+// raw_is_z (z equals x where kept), raw is z, whose logsumexp is z_lse.
 template <class PX, class PZ, class PR, class PT, class Steps>
 MUSER_HD void sample_raw_side(PX x, PZ z, int n, float lse, bool dropped, bool one_kept, PR raw, PT tiles,
-                              MUSER_THREAD Steps& ops, MUSER_THREAD SampleResult& r) {
+                              MUSER_THREAD Steps& ops, MUSER_THREAD SampleResult& r, bool raw_is_z, float z_lse) {
   float kept_lse = lse;
   if (one_kept) {
     kept_lse = x[r.token];
+  } else if (dropped && raw_is_z) {
+    kept_lse = z_lse;
   } else if (dropped) {
     const float neg_inf = lse_neg_inf();
     for (int i = 0; i < n; ++i) raw[i] = z[i] == neg_inf ? neg_inf : x[i];
@@ -305,10 +379,10 @@ MUSER_HD SampleResult sample_row(PX x, PB bias, PA allowed, int n, float lse, Sa
     const KeptSet kept = sample_kept_set(z, n, p, lse, sh, order, tiles, ops);
     r.token = ops.race(z, n, kept.m, p.seed, position, sh.top);
     r.processed_logprob = z[r.token] - kept.lse;
-    sample_raw_side(x, z, n, lse, sh.dropped, false, raw, tiles, ops, r);
+    sample_raw_side(x, z, n, lse, sh.dropped, false, raw, tiles, ops, r, sh.z_is_x, kept.lse);
   } else {  // greedy: the kept set is the top token alone (z is left as step 1 wrote it)
     r.processed_logprob = 0.0f;
-    sample_raw_side(x, z, n, lse, true, true, raw, tiles, ops, r);
+    sample_raw_side(x, z, n, lse, true, true, raw, tiles, ops, r, false, 0.0f);
   }
   return r;
 }
