@@ -6,9 +6,10 @@
 Writes a random head of the seed's shape (Q5_K 202,048 x 6,656; ``--hidden/--vocab``
 to change it), then times, per t, the host clock of what a caller waits for:
 ``head(x)`` (plain: on CUDA ``head(x, on_device=True)`` and a synchronize),
-``head.score(x, ids)`` (one target per row), ``head.logsumexp(x)`` and
-``head.log_softmax(x)`` (on CUDA ``on_device=True``), each as a ratio to the plain
-call. On CUDA it also prints the device memory a score call took (cudaMemGetInfo
+``head.score(x, ids)`` (one target per row), ``head.logsumexp(x)``,
+``head.log_softmax(x)`` (on CUDA ``on_device=True``) and ``head.sample(x, seed=0,
+positions=arange(t), ...)`` greedy (temperature 0), at temperature 1 with top_p 0.9
+and with top_k 50, each as a ratio to the plain call. On CUDA it also prints the device memory a score call took (cudaMemGetInfo
 around its first call on a fresh head) against the [t, V] logits it never keeps.
 Medians over ``--reps``.
 """
@@ -64,7 +65,9 @@ def main() -> int:
         def sync() -> None:
             return None
     print(f"{head!r}; reps {args.reps}")
-    print(f"{'t':>4} {'plain ms':>9} {'score':>7} {'logsumexp':>9} {'log_softmax':>11}   (ratios to plain)")
+    print(f"{'':>14} {'':>7} {'':>9} {'':>11} {'sample':^26}")
+    print(f"{'t':>4} {'plain ms':>9} {'score':>7} {'logsumexp':>9} {'log_softmax':>11} "
+          f"{'greedy':>8} {'top_p .9':>8} {'top_k 50':>8}   (ratios to plain)")
     for t in (int(v) for v in args.tokens.split(",")):
         x = np.random.default_rng(t).standard_normal((t, args.hidden), dtype=np.float32)
         ids = np.random.default_rng(1).integers(0, args.vocab, size=t)
@@ -80,7 +83,11 @@ def main() -> int:
         score = _timed(lambda: head.score(xin, ids), args.reps, sync)
         lse = _timed(lambda: head.logsumexp(xin), args.reps, sync)
         lsm = _timed(lambda: head.log_softmax(xin, on_device=True) if cuda else head.log_softmax(xin), args.reps, sync)
-        print(f"{t:4d} {plain * 1e3:9.3f} {score / plain:7.3f} {lse / plain:9.3f} {lsm / plain:11.3f}"
+        pos = np.arange(t)
+        samples = [_timed(lambda kw=kw: head.sample(xin, seed=0, positions=pos, **kw), args.reps, sync)
+                   for kw in (dict(temperature=0.0), dict(temperature=1.0, top_p=0.9), dict(temperature=1.0, top_k=50))]
+        print(f"{t:4d} {plain * 1e3:9.3f} {score / plain:7.3f} {lse / plain:9.3f} {lsm / plain:11.3f} "
+              + " ".join(f"{v / plain:8.3f}" for v in samples)
               + (f"   score took {took / 2**20:.1f} MiB of device memory; [t, V] logits are "
                  f"{t * args.vocab * 4 / 2**20:.1f} MiB" if cuda else ""))
     return 0

@@ -7,6 +7,7 @@
 #include "cpu/sample.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "cpu/kernels.h"
@@ -57,19 +58,34 @@ struct CpuSteps {
   }
 };
 
-// Per-row scratch: z, the raw mask row, the order, the tile pairs.
+// Per-row scratch: z, the raw mask row, the order, the tile pairs. Every
+// array is written before it is read, so none is initialized; each thread
+// keeps its own between calls (Scratch::of), so a call neither maps nor
+// faults in fresh pages for its ~12 bytes per token of the vocabulary.
 struct Scratch {
-  std::vector<float> z, raw;
-  std::vector<int32_t> order;
-  std::vector<LsePair> tiles;
-  explicit Scratch(int64_t V)
-      : z((size_t)V), raw((size_t)V), order((size_t)V), tiles((size_t)sample_tile_count((int)V) + 1) {}
+  std::unique_ptr<float[]> z, raw;
+  std::unique_ptr<int32_t[]> order;
+  std::unique_ptr<LsePair[]> tiles;
+  int64_t size = 0;
+
+  // This thread's scratch, grown to hold rows of V
+  static Scratch& of(int64_t V) {
+    thread_local Scratch s;
+    if (s.size < V) {
+      s.z.reset(new float[(size_t)V]);
+      s.raw.reset(new float[(size_t)V]);
+      s.order.reset(new int32_t[(size_t)V]);
+      s.tiles.reset(new LsePair[(size_t)sample_tile_count((int)V) + 1]);
+      s.size = V;
+    }
+    return s;
+  }
 };
 
 SampleResult run_row(const float* x, int64_t V, float lse, const float* bias, const uint8_t* allowed,
                      SampleParams params, uint64_t position, Scratch& s, CpuSteps& ops) {
-  return sample_row(x, bias, allowed, (int)V, lse, params, position, s.z.data(), s.raw.data(), s.order.data(),
-                    s.tiles.data(), ops);
+  return sample_row(x, bias, allowed, (int)V, lse, params, position, s.z.get(), s.raw.get(), s.order.get(),
+                    s.tiles.get(), ops);
 }
 
 }  // namespace
@@ -78,14 +94,14 @@ void sample_rows(const float* logits, int t, int64_t V, const float* lse, const 
                  SampleParams params, const uint64_t* positions, int threads, SampleResult* out) {
   if (t >= threads || threads <= 1) {
     parallel_for(t, 1, threads, [&](int64_t a, int64_t b) {
-      Scratch s(V);
+      Scratch& s = Scratch::of(V);
       CpuSteps ops{1};
       for (int64_t r = a; r < b; ++r)
         out[r] = run_row(logits + r * V, V, lse[r], bias, allowed, params, positions[r], s, ops);
     });
     return;
   }
-  Scratch s(V);
+  Scratch& s = Scratch::of(V);
   CpuSteps ops{threads};
   for (int r = 0; r < t; ++r)
     out[r] = run_row(logits + (int64_t)r * V, V, lse[r], bias, allowed, params, positions[r], s, ops);
@@ -94,7 +110,7 @@ void sample_rows(const float* logits, int t, int64_t V, const float* lse, const 
 SampleResult sample_positions(const float* logits, int64_t V, float lse, const float* bias, const uint8_t* allowed,
                               SampleParams params, const uint64_t* positions, int64_t n, int threads,
                               int64_t* tokens) {
-  Scratch s(V);
+  Scratch& s = Scratch::of(V);
   CpuSteps ops{1};
   const SampleResult first = run_row(logits, V, lse, bias, allowed, params, positions[0], s, ops);
   if (first.status != kSampleOk) return first;
@@ -104,10 +120,10 @@ SampleResult sample_positions(const float* logits, int64_t V, float lse, const f
   }
   // z now holds the kept set (-inf elsewhere); race it again at every position
   int32_t top = 0;
-  for (int32_t i = 1; i < (int32_t)V; ++i) top = s.z[(size_t)i] > s.z[(size_t)top] ? i : top;
-  const float m = s.z[(size_t)top];
+  for (int32_t i = 1; i < (int32_t)V; ++i) top = s.z[i] > s.z[top] ? i : top;
+  const float m = s.z[top];
   parallel_for(n, 1024, threads, [&](int64_t a, int64_t b) {
-    for (int64_t j = a; j < b; ++j) tokens[j] = sample_race(s.z.data(), (int)V, m, params.seed, positions[j], top);
+    for (int64_t j = a; j < b; ++j) tokens[j] = sample_race(s.z.get(), (int)V, m, params.seed, positions[j], top);
   });
   return first;
 }

@@ -82,9 +82,49 @@ struct SampleShape {
 // takes its argmax). bias and allowed may be null. status: kSampleOk, or
 // kSampleNonFinite at the first token whose z is NaN or +-inf (from a NaN or
 // +inf logit, or a division that overflows), or kSampleEmpty.
+// sample_processed without logit_bias and allowed, in loops without an
+// early exit or a branch (compilers vectorize them): z = x / temperature for
+// finite x (x at temperature 0, and -inf stays), then the first largest z.
+// Returns false, with z unfinished, when some token fails (NaN, +inf, an
+// overflowing division): the general loop then finds the first one.
+template <class PX, class PZ>
+MUSER_HD bool sample_processed_plain(PX x, int n, float temperature, PZ z, MUSER_THREAD SampleShape& sh) {
+  const float neg_inf = lse_neg_inf();
+  int bad = 0, same = 1;
+  if (temperature > 0.0f) {
+    for (int i = 0; i < n; ++i) {
+      const float v = x[i], d = v / temperature;  // divided unconditionally: a select, not a branch
+      const float q = v - v == 0.0f ? d : v;
+      bad |= (int)(!(q - q == 0.0f) && !(v == neg_inf));
+      same &= (int)(f32_to_bits(q) == f32_to_bits(v));
+      z[i] = q;
+    }
+  } else {
+    for (int i = 0; i < n; ++i) {
+      const float v = x[i];
+      bad |= (int)(!(v - v == 0.0f) && !(v == neg_inf));
+      z[i] = v;
+    }
+  }
+  if (bad) return false;
+  float best = neg_inf;
+  for (int i = 0; i < n; ++i) best = z[i] > best ? z[i] : best;
+  sh.status = kSampleEmpty;
+  sh.top = -1;
+  sh.z_is_x = same != 0;
+  sh.dropped = false;
+  if (best == neg_inf) return true;
+  int top = 0;
+  while (!(z[top] == best)) ++top;
+  sh.status = kSampleOk;
+  sh.top = top;
+  return true;
+}
+
 template <class PX, class PB, class PA, class PZ>
 MUSER_HD SampleShape sample_processed(PX x, PB bias, PA allowed, int n, float temperature, PZ z) {
   SampleShape sh{kSampleEmpty, -1, true, false};
+  if (!bias && !allowed && sample_processed_plain(x, n, temperature, z, sh)) return sh;
   const float neg_inf = lse_neg_inf();
   float best = neg_inf;
   for (int i = 0; i < n; ++i) {
