@@ -257,12 +257,11 @@ struct KeptSet {
 
 // The kept-set order's buckets: bucket b holds the finite z with
 // floor((m - z) * kSampleBucketsPerUnit) = b (m the largest z), the last one
-// everything from kSampleBucketSpan below m on. The bucket grows as z falls,
+// everything from 64 below m on. The bucket grows as z falls,
 // so the ids of buckets 0 .. B are a prefix of the kept-set order (ties share
 // a bucket): top_k and top_p sort that prefix alone instead of the row.
 MUSER_CONSTANT constexpr int kSampleBuckets = 513;
 MUSER_CONSTANT constexpr float kSampleBucketsPerUnit = 8.0f;
-MUSER_CONSTANT constexpr float kSampleBucketSpan = 64.0f;  // (kSampleBuckets - 1) / kSampleBucketsPerUnit
 MUSER_HD int sample_bucket(float z, float m) {
   const float f = (m - z) * kSampleBucketsPerUnit;
   return f < (float)(kSampleBuckets - 1) ? (int)f : kSampleBuckets - 1;
