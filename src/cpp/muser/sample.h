@@ -89,33 +89,38 @@ struct SampleShape {
 // overflowing division): the general loop then finds the first one.
 template <class PX, class PZ>
 MUSER_HD bool sample_processed_plain(PX x, int n, float temperature, PZ z, MUSER_THREAD SampleShape& sh) {
-  const float neg_inf = lse_neg_inf();
-  int bad = 0, same = 1;
-  if (temperature > 0.0f) {
-    for (int i = 0; i < n; ++i) {
-      const float v = x[i], d = v / temperature;  // divided unconditionally: a select, not a branch
-      const float q = v - v == 0.0f ? d : v;
-      bad |= (int)(!(q - q == 0.0f) && !(v == neg_inf));
-      same &= (int)(f32_to_bits(q) == f32_to_bits(v));
-      z[i] = q;
-    }
-  } else {
-    for (int i = 0; i < n; ++i) {
-      const float v = x[i];
-      bad |= (int)(!(v - v == 0.0f) && !(v == neg_inf));
-      z[i] = v;
-    }
+  // on the bits (finite: exponent not all ones; -inf: 0xff800000), which
+  // compilers vectorize where float compares may trap
+  const uint32_t exponent = 0x7f800000u, neg_inf = 0xff800000u;
+  uint32_t bad = 0, same = 1;
+  int32_t best = (int32_t)0x807fffffu;  // the largest z as an order key (below); this one is -inf's
+  const float divisor = temperature > 0.0f ? temperature : 1.0f;  // x / 1 is x
+  for (int i = 0; i < n; ++i) {
+    const float v = x[i];
+    const uint32_t b = f32_to_bits(v);
+    const uint32_t d = f32_to_bits(v / divisor);  // divided unconditionally: a select, no branch
+    const uint32_t finite = (uint32_t)((b & exponent) != exponent), keep = 0u - finite;  // all ones if finite
+    const uint32_t q = (d & keep) | (b & ~keep);
+    bad |= (finite & (uint32_t)((d & exponent) == exponent)) | ((finite ^ 1u) & (uint32_t)(b != neg_inf));
+    same &= (uint32_t)(q == b);
+    z[i] = bits_to_f32(q);
+    // a key whose signed order is the float order of non-NaN values (-0 just below +0)
+    const int32_t key = (int32_t)(q ^ ((uint32_t)((int32_t)q >> 31) & 0x7fffffffu));
+    best = key > best ? key : best;
   }
   if (bad) return false;
-  float best = neg_inf;
-  for (int i = 0; i < n; ++i) best = z[i] > best ? z[i] : best;
-  sh.status = kSampleEmpty;
-  sh.top = -1;
   sh.z_is_x = same != 0;
   sh.dropped = false;
-  if (best == neg_inf) return true;
+  const uint32_t best_bits = (uint32_t)(best ^ (int32_t)((uint32_t)(best >> 31) & 0x7fffffffu));
+  if (best_bits == neg_inf) {
+    sh.status = kSampleEmpty;
+    sh.top = -1;
+    return true;
+  }
+  // the first largest z (-0 and +0 are equal: the first zero when zero is the max)
+  const float m = bits_to_f32(best_bits);
   int top = 0;
-  while (!(z[top] == best)) ++top;
+  while (!(z[top] == m)) ++top;
   sh.status = kSampleOk;
   sh.top = top;
   return true;
@@ -282,8 +287,10 @@ MUSER_HD int sample_bucket_ids(PZ z, int n, float m, int last, PO order) {
 template <class PZ>
 MUSER_HD void sample_keep_through(PZ z, int n, float zl, int32_t last) {
   const float neg_inf = lse_neg_inf();
-  for (int i = 0; i < n; ++i)
-    if (i != last && !sample_before(z[i], i, zl, last)) z[i] = neg_inf;
+  for (int i = 0; i < n; ++i) {  // a select, no branch: z > zl, or z == zl at an id up to last's
+    const float v = z[i];
+    z[i] = (v > zl) | ((v == zl) & (i <= last)) ? v : neg_inf;
+  }
 }
 
 // Steps 3-5 on z (written by sample_processed, which gave `sh`): drops
