@@ -173,3 +173,23 @@ TEST(LseTwins, ActiveTwinEqualsScalar) {
   EXPECT_EQ(f32_to_bits(want.m), f32_to_bits(got.m));
   EXPECT_EQ(f32_to_bits(want.s), f32_to_bits(got.s));
 }
+
+// The canon_exp_nonpos twin (the top_p running sum's weights): bit-equal to
+// the scalar function on every float bit pattern in [-100, 0] strided, -0,
+// -inf, NaN and the underflow edge, at lengths that leave every tail.
+TEST(LseTwins, ExpNonposBitEqualToScalar) {
+  std::vector<float> x;
+  for (uint32_t b = 0x80000000u; b <= 0xc2c80000u; b += 97) x.push_back(bits_to_f32(b));  // -0 .. -100
+  for (float v : {-kInf, kNaN, -kNaN, -87.3f, -87.29999f, -87.30001f, -0.0f, 0.0f, -1e-45f})
+    x.push_back(v);
+  for (cpu::Isa isa : simd_isas())
+    for (size_t n : {x.size(), x.size() - 1, x.size() - 7, (size_t)1, (size_t)15}) {
+      std::vector<float> got(n);
+      cpu::exp_nonpos_isa(isa, x.data() + (x.size() - n), got.data(), (int64_t)n);
+      for (size_t i = 0; i < n; ++i) {
+        const float in = x[x.size() - n + i];
+        ASSERT_EQ(f32_to_bits(canon_exp_nonpos(in)), f32_to_bits(got[i]))
+            << cpu::isa_name(isa) << " x=" << in << " (bits " << std::hex << f32_to_bits(in) << ")";
+      }
+    }
+}

@@ -100,13 +100,22 @@ std::vector<float> make_row(std::mt19937& rng, int n, int kind) {
     case 0: break;                                   // normal(0, 1): flat
     case 1: for (float& v : x) v *= 6.0f; break;     // peaked
     case 2: for (float& v : x) v *= 0.05f; break;    // nearly uniform
-    case 3: for (float& v : x) v = (float)(int)(v * 2.0f); break;  // many ties
+    case 3:  // many ties, -0 among the zeros (the order holds -0 and +0 equal)
+      for (float& v : x) {
+        v = (float)(int)(v * 2.0f);
+        if (v == 0.0f && rng() % 2) v = -0.0f;
+      }
+      break;
     case 4:                                                        // -inf mixed in
       for (float& v : x)
         if (rng() % 3 == 0) v = kNegInf;
       x[rng() % (size_t)n] = 1.0f;
       break;
-    default: for (float& v : x) v = 30.0f * std::tanh(v * 3.0f); break;  // capped, saturated: big ties at the top
+    case 5: for (float& v : x) v = 30.0f * std::tanh(v * 3.0f); break;  // capped, saturated: big ties at the top
+    default:  // a tied top of -0 and +0 (the order holds them equal: ids decide), the rest far below
+      for (float& v : x) v = v - 8.0f;
+      for (int j = 0; j < n / 2; ++j) x[rng() % (size_t)n] = rng() % 2 ? -0.0f : 0.0f;
+      break;
   }
   return x;
 }
@@ -120,7 +129,7 @@ TEST(SampleKeptSet, EqualsTheFullSortOfTheSpec) {
   const float top_ps[] = {1.0f, 0.1f, 0.5f, 0.9f, 0.99f, 0.99999f};
   int cases = 0;
   for (int n : sizes)
-    for (int kind = 0; kind < 6; ++kind) {
+    for (int kind = 0; kind < 7; ++kind) {
       const std::vector<float> x = make_row(rng, n, kind);
       for (int top_k : top_ks)
         for (float top_p : top_ps)

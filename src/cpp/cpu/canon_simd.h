@@ -126,5 +126,18 @@ void lse_lanes_v(const float* v, int n, LsePair* lane) {
   for (int l = 0; l < kCanonLanes; ++l) lane[l] = LsePair{lm[l], ls[l]};
 }
 
+// y[i] = canon_exp_nonpos(x[i]) for i < n (a short tail through a padded copy).
+template <class V>
+void exp_nonpos_v(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + V::kLanes <= n; i += V::kLanes) V::store(y + i, canon_exp_nonpos_v<V>(V::load(x + i)));
+  if (i < n) {
+    float pad[V::kLanes] = {};
+    memcpy(pad, x + i, (size_t)(n - i) * sizeof(float));
+    V::store(pad, canon_exp_nonpos_v<V>(V::load(pad)));
+    memcpy(y + i, pad, (size_t)(n - i) * sizeof(float));
+  }
+}
+
 }  // namespace
 }  // namespace muser::cpu

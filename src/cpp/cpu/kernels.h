@@ -99,6 +99,10 @@ void softcap_canon_scalar(float* y, int64_t n, float scale, float cap, float inv
 // to the scalar lse_tile.
 LsePair lse_tile_cpu(const float* v, int n);
 LsePair lse_tile_isa(Isa isa, const float* v, int n);
+// y[i] = canon_exp_nonpos(x[i]) (muser/canonical.h) for i < n, on the active ISA
+// (every twin bit-equal to the scalar function).
+void exp_nonpos_cpu(const float* x, float* y, int64_t n);
+void exp_nonpos_isa(Isa isa, const float* x, float* y, int64_t n);
 // lse[r] = the canonical logsumexp of row r (muser/logsumexp.h).
 void logsumexp_rows(const float* logits, int t, int64_t V, int threads, float* lse);
 // logits[r, i] -= lse[r], in place: log-softmax.

@@ -16,10 +16,29 @@ namespace muser::cpu {
 #if defined(MUSER_X86)
 void lse_lanes_avx512(const float* v, int n, LsePair* lane);
 void lse_lanes_avx2(const float* v, int n, LsePair* lane);
+void exp_nonpos_avx512(const float* x, float* y, int64_t n);
+void exp_nonpos_avx2(const float* x, float* y, int64_t n);
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON)
 void lse_lanes_neon(const float* v, int n, LsePair* lane);
+void exp_nonpos_neon(const float* x, float* y, int64_t n);
 #endif
+
+void exp_nonpos_isa(Isa isa, const float* x, float* y, int64_t n) {
+  switch (isa) {
+#if defined(MUSER_X86)
+    case Isa::Avx512: return exp_nonpos_avx512(x, y, n);
+    case Isa::Avx2: return exp_nonpos_avx2(x, y, n);
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+    case Isa::Neon: return exp_nonpos_neon(x, y, n);
+#endif
+    default:
+      for (int64_t i = 0; i < n; ++i) y[i] = canon_exp_nonpos(x[i]);
+  }
+}
+
+void exp_nonpos_cpu(const float* x, float* y, int64_t n) { exp_nonpos_isa(active_isa(), x, y, n); }
 
 LsePair lse_tile_isa(Isa isa, const float* v, int n) {
   LsePair lane[kCanonLanes];

@@ -11,6 +11,7 @@
 namespace muser::cpu {
 
 void lse_lanes_avx2(const float* v, int n, LsePair* lane) { lse_lanes_v<V256>(v, n, lane); }
+void exp_nonpos_avx2(const float* x, float* y, int64_t n) { exp_nonpos_v<V256>(x, y, n); }
 
 }  // namespace muser::cpu
 

@@ -40,6 +40,7 @@ struct V128 {
 }  // namespace
 
 void lse_lanes_neon(const float* v, int n, LsePair* lane) { lse_lanes_v<V128>(v, n, lane); }
+void exp_nonpos_neon(const float* x, float* y, int64_t n) { exp_nonpos_v<V128>(x, y, n); }
 
 }  // namespace muser::cpu
 

@@ -17,6 +17,45 @@ namespace muser::cpu {
 namespace {
 
 constexpr int64_t kRaceChunk = 16384;  // ids per parallel piece of one race
+constexpr int kRadixMin = 2048;        // below this many ids std::sort is as quick
+
+// order[0, n) (ids in increasing order) sorted into the kept-set order: a
+// stable LSD radix sort (3 passes of 11 bits) on a key that rises as z falls,
+// so equal z keep their increasing ids (sample_before's ties). -0 is keyed
+// as +0: the order holds them equal. z is finite here.
+void radix_sort_descending(int32_t* order, int n, const float* z) {
+  thread_local std::vector<uint32_t> keys, keys2;
+  thread_local std::vector<int32_t> ids2;
+  if ((int)keys.size() < n) {
+    keys.resize((size_t)n);
+    keys2.resize((size_t)n);
+    ids2.resize((size_t)n);
+  }
+  for (int j = 0; j < n; ++j) {
+    const float v = z[order[j]];
+    const uint32_t u = v == 0.0f ? 0u : f32_to_bits(v);
+    const uint32_t rising = (u >> 31) ? ~u : (u | 0x80000000u);  // rises with z
+    keys[(size_t)j] = ~rising;
+  }
+  uint32_t* ka = keys.data();
+  uint32_t* kb = keys2.data();
+  int32_t* ia = order;
+  int32_t* ib = ids2.data();
+  for (int shift = 0; shift < 32; shift += 11) {
+    int count[2049] = {};
+    for (int j = 0; j < n; ++j) ++count[((ka[j] >> shift) & 2047u) + 1];
+    if (count[((ka[0] >> shift) & 2047u) + 1] == n) continue;  // one digit for all: nothing moves
+    for (int d = 0; d < 2048; ++d) count[d + 1] += count[d];
+    for (int j = 0; j < n; ++j) {
+      const int at = count[(ka[j] >> shift) & 2047u]++;
+      kb[at] = ka[j];
+      ib[at] = ia[j];
+    }
+    std::swap(ka, kb);
+    std::swap(ia, ib);
+  }
+  if (ia != order) std::copy(ia, ia + n, order);
+}
 
 // sample_row's Steps on the CPU: the kept-set order by nth_element and sort;
 // pairs on the SIMD tile twins and the race, both over `threads` (the race
@@ -27,7 +66,29 @@ struct CpuSteps {
   void prefix(int32_t* order, int count, int k, const float* z) const {
     const auto before = [z](int32_t a, int32_t b) { return sample_before(z[a], a, z[b], b); };
     if (k < count) std::nth_element(order, order + k, order + count, before);  // O(count), then the prefix
+    if (k >= kRadixMin && std::is_sorted(order, order + k)) {
+      radix_sort_descending(order, k, z);  // the bucketed candidates come in id order
+      return;
+    }
     std::sort(order, order + k, before);
+  }
+  // sample_top_p_count's bits: each chunk's weights e^(z - m) on the active
+  // ISA's canon_exp_nonpos twin, then the same running sum, in order
+  int top_p_count(const float* z, const int32_t* order, int n, float m, float s, float top_p) const {
+    const float target = top_p * s;
+    float c = 0.0f;
+    constexpr int kChunk = 1024;
+    float d[kChunk], w[kChunk];
+    for (int j0 = 0; j0 < n; j0 += kChunk) {
+      const int len = std::min(kChunk, n - j0);
+      for (int j = 0; j < len; ++j) d[j] = z[order[j0 + j]] - m;
+      exp_nonpos_cpu(d, w, len);
+      for (int j = 0; j < len; ++j) {
+        c = c + w[j];
+        if (c >= target) return j0 + j + 1;
+      }
+    }
+    return n;
   }
   // sample_row_pair's tiles on the active ISA's twin (bit-equal to lse_tile)
   LsePair pair(const float* z, int n, LsePair* tiles) const {

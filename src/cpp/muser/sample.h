@@ -241,7 +241,9 @@ MUSER_HD int32_t sample_race(PZ z, int n, float m, uint64_t seed, uint64_t posit
 }
 
 // The serial forms of the steps a backend may run in parallel (the policy
-// sample_row takes: ops.pair, ops.race, and ops.prefix, the sort).
+// sample_row takes: ops.pair, ops.race, ops.top_p_count (sample_top_p_count's
+// bits: its weights may be computed ahead, the running sum is the order's),
+// and ops.prefix, the sort).
 struct SampleSerialSteps {
   template <class PZ, class PT>
   MUSER_HD LsePair pair(PZ z, int n, PT tiles) const {
@@ -250,6 +252,10 @@ struct SampleSerialSteps {
   template <class PZ>
   MUSER_HD int32_t race(PZ z, int n, float m, uint64_t seed, uint64_t position, int32_t top) const {
     return sample_race(z, n, m, seed, position, top);
+  }
+  template <class PZ, class PO>
+  MUSER_HD int top_p_count(PZ z, PO order, int n, float m, float s, float top_p) const {
+    return sample_top_p_count(z, order, n, m, s, top_p);
   }
 };
 
@@ -333,7 +339,7 @@ MUSER_HD KeptSet sample_kept_set(PZ z, int n, SampleParams p, float row_lse, MUS
       const LsePair kept = ops.pair(z, n, tiles);  // kept.m == m
       int cut = -1;
       if (top_k_cuts) {  // top_k sorted its survivors
-        cut = sample_top_p_count(z, order, count, kept.m, kept.s, p.top_p);
+        cut = ops.top_p_count(z, order, count, kept.m, kept.s, p.top_p);
       } else {
         // the fewest buckets whose mass, bounded below, passes top_p * s (with
         // a margin for the rounding of the running sum): their prefix holds the cut
@@ -349,7 +355,7 @@ MUSER_HD KeptSet sample_kept_set(PZ z, int n, SampleParams p, float row_lse, MUS
         if (mass >= target && candidates < count) {
           candidates = sample_bucket_ids(z, n, m, last, order);
           ops.prefix(order, candidates, candidates, z);
-          const int c = sample_top_p_count(z, order, candidates, kept.m, kept.s, p.top_p);
+          const int c = ops.top_p_count(z, order, candidates, kept.m, kept.s, p.top_p);
           if (c < candidates) cut = c;
         }
       }
@@ -368,7 +374,7 @@ MUSER_HD KeptSet sample_kept_set(PZ z, int n, SampleParams p, float row_lse, MUS
             ops.prefix(order, count, k, z);
             sorted = k;
           }
-          cut = sample_top_p_count(z, order, k, kept.m, kept.s, p.top_p);
+          cut = ops.top_p_count(z, order, k, kept.m, kept.s, p.top_p);
           if (cut < k || k == count) break;
         }
       }
