@@ -283,8 +283,10 @@ template <class PZ, class PO>
 MUSER_HD int sample_bucket_ids(PZ z, int n, float m, int last, PO order) {
   const float neg_inf = lse_neg_inf();
   int count = 0;
-  for (int i = 0; i < n; ++i)
-    if (z[i] != neg_inf && sample_bucket(z[i], m) <= last) order[count++] = i;
+  for (int i = 0; i < n; ++i) {  // written always, counted when taken: no branch to mispredict
+    order[count] = i;
+    count += (int)((z[i] != neg_inf) & (sample_bucket(z[i], m) <= last));
+  }
   return count;
 }
 
@@ -316,14 +318,10 @@ MUSER_HD KeptSet sample_kept_set(PZ z, int n, SampleParams p, float row_lse, MUS
   const float neg_inf = lse_neg_inf();
   const float m = z[sh.top];
   if (p.top_k > 0 || p.top_p < 1.0f) {
-    int hist[kSampleBuckets];
-    for (int b = 0; b < kSampleBuckets; ++b) hist[b] = 0;
-    int count = 0;  // the finite z
-    for (int i = 0; i < n; ++i)
-      if (z[i] != neg_inf) {
-        ++hist[sample_bucket(z[i], m)];
-        ++count;
-      }
+    int hist[kSampleBuckets + 1];  // and one slot for -inf, so that no branch skips it
+    for (int b = 0; b <= kSampleBuckets; ++b) hist[b] = 0;
+    for (int i = 0; i < n; ++i) ++hist[z[i] == neg_inf ? kSampleBuckets : sample_bucket(z[i], m)];
+    int count = n - hist[kSampleBuckets];  // the finite z
     const bool top_k_cuts = p.top_k > 0 && p.top_k < count;
     if (top_k_cuts) {  // the buckets holding the top_k first, then their order
       int last = 0;
