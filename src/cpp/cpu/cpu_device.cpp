@@ -271,12 +271,11 @@ class CpuDevice final : public Device {
         finish(y.data(), n, n);
         for (int k = 0; k < t; ++k) {
           const float* row = y.data() + k * n;
-          pairs[(size_t)(k * tiles + tile)] = lse_tile(row, (int)n);
+          pairs[(size_t)(k * tiles + tile)] = cpu::lse_tile_cpu(row, (int)n);
           for (int64_t j = 0; j < m; ++j) {
             const int64_t q = k * m + j, tok = out.ids[q];
             const float v = out.values[q];
-            int64_t count = 0;
-            for (int64_t i = 0; i < n; ++i) count += ranks_ahead(row[i], r0 + i, v, tok);
+            const int64_t count = cpu::count_ranked_ahead(row, n, r0, v, tok);
             if (count) ahead[(size_t)q].fetch_add(count, std::memory_order_relaxed);
           }
         }

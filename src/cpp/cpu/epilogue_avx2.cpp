@@ -1,34 +1,14 @@
 // The canonical epilogue (scale, then cap * canon_tanh(v / cap)) on AVX2,
-// 8 logits per register: canon_simd.h's algorithm over the interface below.
+// 8 logits per register: canon_simd.h's algorithm over cpu/canon_ops_avx2.h.
 // Bit-equal to softcap_canon_scalar. Fuses the logit scale and the cap.
 // x86 only: CMake compiles every source on every platform (MUSER_X86 is its flag).
 #if defined(MUSER_X86)
 
-#include <immintrin.h>
-
+#include "cpu/canon_ops_avx2.h"
 #include "cpu/canon_simd.h"
 #include "cpu/kernels.h"
-#include "cpu/x86_f32_ops.h"
 
 namespace muser::cpu {
-
-namespace {
-
-struct V256 {
-  MUSER_X86_F32_OPS(__m256, _mm256, 8)
-  using M = __m256;  // all-ones / all-zeros lanes
-  static F abs_bits(F a) { return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))); }
-  static F sign_bits(F a) { return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))); }
-  static F or_bits(F a, F b) { return _mm256_or_ps(a, b); }
-  static M lt(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
-  static M isnan(F a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
-  static F select(M m, F a, F b) { return _mm256_blendv_ps(b, a, m); }
-  static F exp2i(F n) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
-  }
-};
-
-}  // namespace
 
 void softcap_canon_avx2(float* y, int64_t n, float scale, float cap, float inv_cap) {
   softcap_canon_v<V256>(y, n, scale, cap, inv_cap);

@@ -10,6 +10,7 @@
 
 #include "cpu/isa.h"
 #include "device.h"
+#include "muser/logsumexp.h"
 #include "quant_types.h"
 
 namespace muser::cpu {
@@ -93,10 +94,23 @@ void softcap_canon_isa(Isa isa, float* y, int64_t n, float scale, float cap, flo
 void softcap_canon_scalar(float* y, int64_t n, float scale, float cap, float inv_cap);
 
 // ---- the consumer's reductions over host logits [t x V] (cpu/logsumexp.cpp) ----
+// The canonical pair of one tile (lse_tile of muser/logsumexp.h, n <= kLseTile)
+// on the active ISA; every twin (logsumexp_avx512/avx2/neon.cpp) is bit-equal
+// to the scalar lse_tile.
+LsePair lse_tile_cpu(const float* v, int n);
+LsePair lse_tile_isa(Isa isa, const float* v, int n);
+// y[i] = canon_exp_nonpos(x[i]) (muser/canonical.h) for i < n, on the active ISA
+// (every twin bit-equal to the scalar function).
+void exp_nonpos_cpu(const float* x, float* y, int64_t n);
+void exp_nonpos_isa(Isa isa, const float* x, float* y, int64_t n);
 // lse[r] = the canonical logsumexp of row r (muser/logsumexp.h).
 void logsumexp_rows(const float* logits, int t, int64_t V, int threads, float* lse);
 // logits[r, i] -= lse[r], in place: log-softmax.
 void log_softmax_rows(float* logits, int t, int64_t V, const float* lse, int threads);
+// How many of the n ids id0 .. id0 + n - 1 with logits row[0, n) rank ahead of
+// token tok with logit target (ranks_ahead of muser/logsumexp.h), counted
+// without a branch per logit.
+int64_t count_ranked_ahead(const float* row, int64_t n, int64_t id0, float target, int64_t tok);
 // For ids [t x m]: the logit, logit - lse and the 1-based rank (ties: the lower id
 // first; NaN behind every number) of each chosen token.
 void score_rows(const float* logits, int t, int64_t V, const int64_t* ids, int m, const float* lse, int threads,

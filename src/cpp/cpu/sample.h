@@ -1,5 +1,6 @@
 // Seeded sampling over host logits [t x V] on the CPU: the per-row math of
-// muser/sample.h, rows in parallel, the kept-set order by std::partial_sort.
+// muser/sample.h, rows in parallel (cpu/sample.cpp's CpuSteps: the kept-set
+// order by nth_element, std::sort or a radix sort; SIMD pairs and weights).
 #pragma once
 #include <cstdint>
 

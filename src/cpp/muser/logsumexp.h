@@ -34,15 +34,24 @@ MUSER_HD LsePair lse_merge(LsePair a, LsePair b) {
   return LsePair{M, fmaf(a.s, canon_exp_nonpos(a.m - M), b.s * canon_exp_nonpos(b.m - M))};
 }
 
+// Joins a tile's 32 lane pairs in place by the butterfly tree (offsets 16,
+// 8, 4, 2, 1: lane[l] = lse_merge(lane[l], lane[l + off])); returns lane[0].
+template <class P>
+MUSER_HD LsePair lse_join_lanes(P lane) {
+  for (int off = kCanonLanes / 2; off >= 1; off >>= 1)
+    for (int l = 0; l < off; ++l) lane[l] = lse_merge(lane[l], lane[l + off]);
+  return lane[0];
+}
+
 // The pair of one tile: the n logits at v, n <= kLseTile, lanes then the tree.
+// (The CPU's SIMD twins, cpu/canon_simd.h's lse_tile_v, run the lanes on
+// registers and give these bits.)
 template <class P>
 MUSER_HD LsePair lse_tile(P v, int n) {
   LsePair lane[kCanonLanes];
   for (int l = 0; l < kCanonLanes; ++l) lane[l] = lse_empty();
   for (int i = 0; i < n; ++i) lane[i % kCanonLanes] = lse_push(lane[i % kCanonLanes], v[i]);
-  for (int off = kCanonLanes / 2; off >= 1; off >>= 1)
-    for (int l = 0; l < off; ++l) lane[l] = lse_merge(lane[l], lane[l + off]);
-  return lane[0];
+  return lse_join_lanes(lane);
 }
 
 // Joins the n tile pairs in place by the fixed tree (pairs 2k, 2k+1 per level, an

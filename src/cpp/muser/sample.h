@@ -82,9 +82,54 @@ struct SampleShape {
 // takes its argmax). bias and allowed may be null. status: kSampleOk, or
 // kSampleNonFinite at the first token whose z is NaN or +-inf (from a NaN or
 // +inf logit, or a division that overflows), or kSampleEmpty.
+// sample_processed without logit_bias and allowed, in loops without an
+// early exit or a branch (compilers vectorize them): z = x / temperature for
+// finite x (x at temperature 0, and -inf stays), then the first largest z.
+// Returns false, with z unfinished, when some token fails (NaN, +inf, an
+// overflowing division): the general loop then finds the first one.
+template <class PX, class PZ>
+MUSER_HD bool sample_processed_plain(PX x, int n, float temperature, PZ z, MUSER_THREAD SampleShape& sh) {
+  // on the bits (finite: exponent not all ones; -inf: 0xff800000), which
+  // compilers vectorize where float compares may trap
+  const uint32_t exponent = 0x7f800000u, neg_inf = 0xff800000u;
+  uint32_t bad = 0, same = 1;
+  int32_t best = (int32_t)0x807fffffu;  // the largest z as an order key (below); this one is -inf's
+  const float divisor = temperature > 0.0f ? temperature : 1.0f;  // x / 1 is x
+  for (int i = 0; i < n; ++i) {
+    const float v = x[i];
+    const uint32_t b = f32_to_bits(v);
+    const uint32_t d = f32_to_bits(v / divisor);  // divided unconditionally: a select, no branch
+    const uint32_t finite = (uint32_t)((b & exponent) != exponent), keep = 0u - finite;  // all ones if finite
+    const uint32_t q = (d & keep) | (b & ~keep);
+    bad |= (finite & (uint32_t)((d & exponent) == exponent)) | ((finite ^ 1u) & (uint32_t)(b != neg_inf));
+    same &= (uint32_t)(q == b);
+    z[i] = bits_to_f32(q);
+    // a key whose signed order is the float order of non-NaN values (-0 just below +0)
+    const int32_t key = (int32_t)(q ^ ((uint32_t)((int32_t)q >> 31) & 0x7fffffffu));
+    best = key > best ? key : best;
+  }
+  if (bad) return false;
+  sh.z_is_x = same != 0;
+  sh.dropped = false;
+  const uint32_t best_bits = (uint32_t)(best ^ (int32_t)((uint32_t)(best >> 31) & 0x7fffffffu));
+  if (best_bits == neg_inf) {
+    sh.status = kSampleEmpty;
+    sh.top = -1;
+    return true;
+  }
+  // the first largest z (-0 and +0 are equal: the first zero when zero is the max)
+  const float m = bits_to_f32(best_bits);
+  int top = 0;
+  while (!(z[top] == m)) ++top;
+  sh.status = kSampleOk;
+  sh.top = top;
+  return true;
+}
+
 template <class PX, class PB, class PA, class PZ>
 MUSER_HD SampleShape sample_processed(PX x, PB bias, PA allowed, int n, float temperature, PZ z) {
   SampleShape sh{kSampleEmpty, -1, true, false};
+  if (!bias && !allowed && sample_processed_plain(x, n, temperature, z, sh)) return sh;
   const float neg_inf = lse_neg_inf();
   float best = neg_inf;
   for (int i = 0; i < n; ++i) {
@@ -196,7 +241,9 @@ MUSER_HD int32_t sample_race(PZ z, int n, float m, uint64_t seed, uint64_t posit
 }
 
 // The serial forms of the steps a backend may run in parallel (the policy
-// sample_row takes: ops.pair, ops.race, and ops.prefix, the sort).
+// sample_row takes: ops.pair, ops.race, ops.top_p_count (sample_top_p_count's
+// bits: its weights may be computed ahead, the running sum is the order's),
+// and ops.prefix, the sort).
 struct SampleSerialSteps {
   template <class PZ, class PT>
   MUSER_HD LsePair pair(PZ z, int n, PT tiles) const {
@@ -205,6 +252,10 @@ struct SampleSerialSteps {
   template <class PZ>
   MUSER_HD int32_t race(PZ z, int n, float m, uint64_t seed, uint64_t position, int32_t top) const {
     return sample_race(z, n, m, seed, position, top);
+  }
+  template <class PZ, class PO>
+  MUSER_HD int top_p_count(PZ z, PO order, int n, float m, float s, float top_p) const {
+    return sample_top_p_count(z, order, n, m, s, top_p);
   }
 };
 
@@ -215,6 +266,41 @@ struct KeptSet {
   float lse;
 };
 
+// The kept-set order's buckets: bucket b holds the finite z with
+// floor((m - z) * kSampleBucketsPerUnit) = b (m the largest z), the last one
+// everything from 64 below m on. The bucket grows as z falls,
+// so the ids of buckets 0 .. B are a prefix of the kept-set order (ties share
+// a bucket): top_k and top_p sort that prefix alone instead of the row.
+MUSER_CONSTANT constexpr int kSampleBuckets = 513;
+MUSER_CONSTANT constexpr float kSampleBucketsPerUnit = 8.0f;
+MUSER_HD int sample_bucket(float z, float m) {
+  const float f = (m - z) * kSampleBucketsPerUnit;
+  return f < (float)(kSampleBuckets - 1) ? (int)f : kSampleBuckets - 1;
+}
+
+// order[0, count) = the ids of the finite z in buckets 0 .. last, increasing id.
+template <class PZ, class PO>
+MUSER_HD int sample_bucket_ids(PZ z, int n, float m, int last, PO order) {
+  const float neg_inf = lse_neg_inf();
+  int count = 0;
+  for (int i = 0; i < n; ++i) {  // written always, counted when taken: no branch to mispredict
+    order[count] = i;
+    count += (int)((z[i] != neg_inf) & (sample_bucket(z[i], m) <= last));
+  }
+  return count;
+}
+
+// Keeps the kept-set order's prefix ending at token `last` (z[last] = zl):
+// every other finite z becomes -inf.
+template <class PZ>
+MUSER_HD void sample_keep_through(PZ z, int n, float zl, int32_t last) {
+  const float neg_inf = lse_neg_inf();
+  for (int i = 0; i < n; ++i) {  // a select, no branch: z > zl, or z == zl at an id up to last's
+    const float v = z[i];
+    z[i] = (v > zl) | ((v == zl) & (i <= last)) ? v : neg_inf;
+  }
+}
+
 // Steps 3-5 on z (written by sample_processed, which gave `sh`): drops
 // tokens to -inf for top_k, top_p, min_p (sh.dropped records it). `order`
 // has room for n ids, `tiles` for ceil(n / kLseTile) pairs;
@@ -222,44 +308,79 @@ struct KeptSet {
 // the `count` ids in order[0, count) in the kept-set order (sample_before).
 // row_lse: the logits' canonical logsumexp, which is the kept set's when z
 // is x and nothing was dropped (the same pair of the same row).
+// top_k and top_p rank only a prefix of the order that provably holds their
+// cut (the buckets above; a bucket's weights are at least e^-(b+1)/8): the
+// cut is the one a sort of the whole row gives, which is what they fall back
+// to when the bound does not settle it.
 template <class PZ, class PO, class PT, class Steps>
 MUSER_HD KeptSet sample_kept_set(PZ z, int n, SampleParams p, float row_lse, MUSER_THREAD SampleShape& sh, PO order,
                                  PT tiles, MUSER_THREAD Steps& ops) {
   const float neg_inf = lse_neg_inf();
   const float m = z[sh.top];
-  const bool by_rank = p.top_k > 0 || p.top_p < 1.0f;
-  int count = 0;
-  if (by_rank)
-    for (int i = 0; i < n; ++i)
-      if (z[i] != neg_inf) order[count++] = i;
-  const bool top_k_cuts = p.top_k > 0 && p.top_k < count;
-  if (top_k_cuts) {
-    ops.prefix(order, count, p.top_k, z);
-    for (int j = p.top_k; j < count; ++j) z[order[j]] = neg_inf;
-    count = p.top_k;
-    sh.dropped = true;
-  }
-  if (p.top_p < 1.0f) {
-    const LsePair kept = ops.pair(z, n, tiles);  // kept.m == m
-    // sort a growing prefix until its mass reaches top_p: a short prefix when
-    // the distribution is peaked, the whole set at worst
-    int sorted = top_k_cuts ? count : 0;  // top_k sorted its survivors
-    int cut = count;
-    // every weight is <= 1, so the prefix holds about top_p * s tokens or more: start
-    // there (any start finds the same cut: the first prefix reaching, in a sorted prefix)
-    const float at_least = kept.s * p.top_p;
-    int want = at_least < 64.0f ? 64 : at_least < (float)count ? (int)at_least + 1 : count;
-    for (;; want = want > count / 4 ? count : want * 4) {
-      const int k = want < count ? want : count;
-      if (k > sorted) {
-        ops.prefix(order, count, k, z);
-        sorted = k;
+  if (p.top_k > 0 || p.top_p < 1.0f) {
+    int hist[kSampleBuckets + 1];  // and one slot for -inf, so that no branch skips it
+    for (int b = 0; b <= kSampleBuckets; ++b) hist[b] = 0;
+    for (int i = 0; i < n; ++i) ++hist[z[i] == neg_inf ? kSampleBuckets : sample_bucket(z[i], m)];
+    int count = n - hist[kSampleBuckets];  // the finite z
+    const bool top_k_cuts = p.top_k > 0 && p.top_k < count;
+    if (top_k_cuts) {  // the buckets holding the top_k first, then their order
+      int last = 0;
+      for (int within = hist[0]; within < p.top_k; within += hist[++last]) {
       }
-      cut = sample_top_p_count(z, order, k, kept.m, kept.s, p.top_p);
-      if (cut < k || k == count) break;
+      const int candidates = sample_bucket_ids(z, n, m, last, order);
+      ops.prefix(order, candidates, p.top_k, z);
+      sample_keep_through(z, n, z[order[p.top_k - 1]], order[p.top_k - 1]);
+      count = p.top_k;
+      sh.dropped = true;
     }
-    for (int j = cut; j < count; ++j) z[order[j]] = neg_inf;
-    sh.dropped = sh.dropped || cut < count;
+    if (p.top_p < 1.0f) {
+      const LsePair kept = ops.pair(z, n, tiles);  // kept.m == m
+      int cut = -1;
+      if (top_k_cuts) {  // top_k sorted its survivors
+        cut = ops.top_p_count(z, order, count, kept.m, kept.s, p.top_p);
+      } else {
+        // the fewest buckets whose mass, bounded below, passes top_p * s (with
+        // a margin for the rounding of the running sum): their prefix holds the cut
+        // unless the running sum still falls short at its end
+        const float target = p.top_p * kept.s * 1.001f;
+        float mass = 0.0f;
+        int last = -1, candidates = 0;
+        for (int b = 0; b < kSampleBuckets - 1 && mass < target; ++b) {
+          mass += (float)hist[b] * canon_exp_nonpos(-(float)(b + 1) / kSampleBucketsPerUnit) * 0.999f;
+          candidates += hist[b];
+          last = b;
+        }
+        if (mass >= target && candidates < count) {
+          candidates = sample_bucket_ids(z, n, m, last, order);
+          ops.prefix(order, candidates, candidates, z);
+          const int c = ops.top_p_count(z, order, candidates, kept.m, kept.s, p.top_p);
+          if (c < candidates) cut = c;
+        }
+      }
+      if (cut < 0) {  // the whole order: sort a growing prefix until its mass reaches top_p
+        count = 0;
+        for (int i = 0; i < n; ++i)
+          if (z[i] != neg_inf) order[count++] = i;
+        int sorted = 0;
+        // every weight is <= 1, so the prefix holds about top_p * s tokens or more: start
+        // there (any start finds the same cut: the first prefix reaching, in a sorted prefix)
+        const float at_least = kept.s * p.top_p;
+        int want = at_least < 64.0f ? 64 : at_least < (float)count ? (int)at_least + 1 : count;
+        for (;; want = want > count / 4 ? count : want * 4) {
+          const int k = want < count ? want : count;
+          if (k > sorted) {
+            ops.prefix(order, count, k, z);
+            sorted = k;
+          }
+          cut = ops.top_p_count(z, order, k, kept.m, kept.s, p.top_p);
+          if (cut < k || k == count) break;
+        }
+      }
+      if (cut < count) {
+        sample_keep_through(z, n, z[order[cut - 1]], order[cut - 1]);
+        sh.dropped = true;
+      }
+    }
   }
   if (p.min_p > 0.0f)  // e^(z - max) = p / p_max: the normalization cancels
     for (int i = 0; i < n; ++i)
@@ -275,13 +396,16 @@ MUSER_HD KeptSet sample_kept_set(PZ z, int n, SampleParams p, float row_lse, MUS
 // lse (computed as score computes it), and the raw mass of the kept set (the
 // tokens with z > -inf) through `raw` (scratch for n floats). The shortcuts
 // give the bits of the full computation: nothing dropped, the kept row is the
-// row (mass 1); one kept token, its pair is (x, 1) and its logsumexp x.
+// row (mass 1); one kept token, its pair is (x, 1) and its logsumexp x;
+// raw_is_z (z equals x where kept), raw is z, whose logsumexp is z_lse.
 template <class PX, class PZ, class PR, class PT, class Steps>
 MUSER_HD void sample_raw_side(PX x, PZ z, int n, float lse, bool dropped, bool one_kept, PR raw, PT tiles,
-                              MUSER_THREAD Steps& ops, MUSER_THREAD SampleResult& r) {
+                              MUSER_THREAD Steps& ops, MUSER_THREAD SampleResult& r, bool raw_is_z, float z_lse) {
   float kept_lse = lse;
   if (one_kept) {
     kept_lse = x[r.token];
+  } else if (dropped && raw_is_z) {
+    kept_lse = z_lse;
   } else if (dropped) {
     const float neg_inf = lse_neg_inf();
     for (int i = 0; i < n; ++i) raw[i] = z[i] == neg_inf ? neg_inf : x[i];
@@ -305,10 +429,10 @@ MUSER_HD SampleResult sample_row(PX x, PB bias, PA allowed, int n, float lse, Sa
     const KeptSet kept = sample_kept_set(z, n, p, lse, sh, order, tiles, ops);
     r.token = ops.race(z, n, kept.m, p.seed, position, sh.top);
     r.processed_logprob = z[r.token] - kept.lse;
-    sample_raw_side(x, z, n, lse, sh.dropped, false, raw, tiles, ops, r);
+    sample_raw_side(x, z, n, lse, sh.dropped, false, raw, tiles, ops, r, sh.z_is_x, kept.lse);
   } else {  // greedy: the kept set is the top token alone (z is left as step 1 wrote it)
     r.processed_logprob = 0.0f;
-    sample_raw_side(x, z, n, lse, true, true, raw, tiles, ops, r);
+    sample_raw_side(x, z, n, lse, true, true, raw, tiles, ops, r, false, 0.0f);
   }
   return r;
 }
