@@ -11,6 +11,7 @@ import numpy as np
 from . import _core, _device, _sampling
 from . import shard as _shard
 from ._sampling import Sample
+from .errors import DeviceError
 
 if TYPE_CHECKING:  # the shapes the overloads tell apart (numpy >= 2 types an array's shape)
     from typing import Literal
@@ -694,13 +695,11 @@ class Head:
             # the device left this draw to the host (a row's problem is named there)
         logits, single = self._host_logits(hidden, check_finite)
         pos = _sampling.check_positions(positions, logits.shape[0], single)
-        drawn_host = _sampling.sample_logits(logits, single, p, pos, self._threads)
-        if not on_device:
-            return drawn_host
-        shape = () if single else (logits.shape[0],)  # a draw the device declined, uploaded
-        return Sample(*(self._device_result(_core.device_upload(self._core, np.ascontiguousarray(v, dt).reshape(-1)),
-                                            shape, dt)
-                        for v, dt in zip(drawn_host, (np.int64, np.float32, np.float32, np.float32))))
+        drawn_host = _sampling.sample_logits(logits, single, p, pos, self._threads)  # names a row's problem
+        if on_device:  # the device declines only rows the host refuses, or ids past its 28-bit order keys
+            raise DeviceError(f"sampling on {self.device!r} with on_device=True does not take a "
+                                           f"vocabulary of {self._spec.vocab_size} tokens with top_k/top_p")
+        return drawn_host
 
     def profile(self, hidden: Any, *, check_finite: bool = True) -> list[NodeProfile]:
         """Run once and report each kernel's time and bytes under the labels of its nodes.

@@ -48,10 +48,6 @@ int64_t Device::find_nonfinite(const float* x, int64_t n) {
 
 void Device::download(const float* src, float* dst, size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 
-std::shared_ptr<ResidentBuffer> Device::upload(const void*, size_t) {
-  throw DeviceError("device '" + name() + "' has no memory of its own to upload to");
-}
-
 int Device::owner_of(const void*) const { return -1; }
 
 std::vector<double> Device::route_seconds(const float* hidden, bool hidden_resident, int t, int reps, bool) {

@@ -187,9 +187,6 @@ class Device {
   virtual int64_t find_nonfinite(const float* x, int64_t n);
   // Copies n floats of this device's memory to host memory (synchronous).
   virtual void download(const float* src, float* dst, size_t n);
-  // A new buffer of this device's memory holding a copy of n host bytes
-  // (synchronous); the default has no memory of its own and refuses.
-  virtual std::shared_ptr<ResidentBuffer> upload(const void* src, size_t n);
   // The ordinal of the device of this kind that owns p, or -1 when p is not its memory.
   virtual int owner_of(const void* p) const;
   // Seconds of each of `reps` runs of the whole prepared route as a call runs

@@ -662,31 +662,24 @@ class CudaDevice final : public Device {
   // Device::sample: the route and the draw as one CUDA graph per shape
   // (sample.cu's kernels; which of them run depends on the steps asked for),
   // the parameters and positions up and the results down through pinned
-  // memory. The kept-set order holds top_k ids, or for top_p alone first 64
-  // and, when the prefix runs past them, kTopkMax; past that the host draws.
+  // memory. top_k and top_p take their cuts from a sort of each row's tokens
+  // in the kept-set order, in groups of kSampleOrderRows rows.
   bool sample(const float* hidden, bool hidden_on_device, int t, SampleRequest& req, SampleResult* out) override {
     if (t < 1) throw ArgValueError("t must be >= 1");
     const SampleParams& p = req.params;
-    if (p.top_k > kTopkMax) return false;
     const bool greedy = !(p.temperature > 0.0f);
     const bool by_order = !greedy && (p.top_k > 0 || p.top_p < 1.0f);
-    const int first_k = p.top_k > 0 ? p.top_k : 64;
-    for (int order_k : {first_k, kTopkMax}) {
-      if (by_order && order_k > spec_.vocab) order_k = (int)spec_.vocab;
-      if (!sample_once(hidden, hidden_on_device, t, req, greedy, by_order ? order_k : 0, out)) return false;
-      bool again = false;
-      for (int r = 0; r < t; ++r) {
-        if (out[r].status == kSampleNeedsHost) again = true;
-        else if (out[r].status != kSampleOk) return false;  // the host names the row's problem
-      }
-      if (!again) return true;
-      if (p.top_k > 0 || order_k >= kTopkMax || order_k >= spec_.vocab) return false;
-    }
-    return false;
+    int id_bits = 1;
+    while ((int64_t{1} << id_bits) < spec_.vocab) ++id_bits;
+    if (by_order && id_bits > 28) return false;  // the order's keys hold 28-bit ids
+    if (!sample_once(hidden, hidden_on_device, t, req, greedy, by_order, id_bits, out)) return false;
+    for (int r = 0; r < t; ++r)
+      if (out[r].status != kSampleOk) return false;  // the host names the row's problem
+    return true;
   }
 
-  bool sample_once(const float* hidden, bool hidden_on_device, int t, SampleRequest& req, bool greedy, int order_k,
-                   SampleResult* out) {
+  bool sample_once(const float* hidden, bool hidden_on_device, int t, SampleRequest& req, bool greedy, bool by_order,
+                   int id_bits, SampleResult* out) {
     DeviceScope scope(ordinal_);
     const int64_t H = spec_.hidden, V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
     const SampleParams& p = req.params;
@@ -711,22 +704,14 @@ class CudaDevice final : public Device {
                                                              "sampling tile pairs"));
     const size_t state_bytes = (size_t)t * (sizeof(SampleRowState) + sizeof(unsigned));
     auto* state = static_cast<uint8_t*>(sample_state_.ensure(state_bytes, ordinal_, "sampling row state"));
-    void* order = nullptr;
-    void* order_scratch = nullptr;
-    const bool threshold_topk = order_k > 0 && topk_threshold_fits(V, t, order_k);
-    unsigned* order_sync = nullptr;
-    if (order_k > 0) {
-      order = sample_order_.ensure((size_t)t * order_k * (sizeof(int64_t) + sizeof(float)), ordinal_,
-                                   "the kept-set order");
-      order_scratch = sample_topk_.ensure(
-          threshold_topk ? topk_threshold_scratch_bytes(V, t) : topk_scratch_bytes(V, t, order_k), ordinal_,
-          "top-k scratch");
-      const size_t words = select_sync_words(t) * sizeof(unsigned);
-      if (!sample_sync_.mem || sample_sync_.mem->bytes < words) {
-        sample_sync_.ensure(words, ordinal_, "selection counters");
-        check(cudaMemset(sample_sync_.mem->ptr, 0, words), "cudaMemset (selection counters)");  // kept 0 by the kernels
-      }
-      order_sync = static_cast<unsigned*>(sample_sync_.mem->ptr);
+    const int group = std::min(t, kSampleOrderRows);
+    void* keys = nullptr;
+    void* sort_scratch = nullptr;
+    size_t sort_bytes = 0;
+    if (by_order) {
+      keys = sample_keys_.ensure(2 * (size_t)group * V * 8, ordinal_, "the kept-set order's keys");
+      sort_bytes = sample_order_scratch_bytes(V, group, id_bits);
+      sort_scratch = sample_sort_.ensure(std::max<size_t>(sort_bytes, 8), ordinal_, "the kept-set order's sort");
     }
     const float* bias = nullptr;
     const uint8_t* allowed = nullptr;
@@ -757,19 +742,17 @@ class CudaDevice final : public Device {
     a.done = reinterpret_cast<unsigned*>(state + (size_t)t * sizeof(SampleRowState));
     a.pairs_a = pairs;
     a.pairs_b = pairs + (size_t)t * tiles;
-    a.order_k = order_k;
-    a.order_ids = static_cast<const int64_t*>(order);
-    a.order_vals = order ? reinterpret_cast<const float*>(static_cast<uint8_t*>(order) +
-                                                          (size_t)t * order_k * sizeof(int64_t))
-                         : nullptr;
+    a.keys = static_cast<unsigned long long*>(keys);
+    a.keys_sorted = keys ? a.keys + (size_t)group * V : nullptr;
+    a.id_bits = id_bits;
+    a.id_mask = (unsigned)((1ull << id_bits) - 1);
     a.out = reinterpret_cast<SampleResult*>(out_dev);
-    const bool top_p = order_k > 0 && p.top_p < 1.0f;
-    a.kept_raw_pair = order_k > 0 || p.min_p > 0.0f || allowed;  // something may be dropped
+    const bool top_p = by_order && p.top_p < 1.0f;
+    a.kept_raw_pair = by_order || p.min_p > 0.0f || allowed;  // something may be dropped
     a.kept_z_pair = a.kept_raw_pair || bias || p.temperature != 1.0f;  // else z is x, bit for bit
-    const SampleKey key{t, order_k, greedy, top_p, check_x, a.kept_z_pair, a.kept_raw_pair, x, bias, allowed, in_dev,
-                        out_dev, logits,
-                        z, pairs, state, order, order_scratch, q8_ ? acts_q8_.mem->ptr : nullptr,
-                        normed_.mem->ptr, in_host, out_host};
+    const SampleKey key{t, by_order ? id_bits : 0, greedy, top_p, check_x, a.kept_z_pair, a.kept_raw_pair, x, bias,
+                        allowed, in_dev, out_dev, logits, z, pairs, state, keys, sort_scratch,
+                        q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr, in_host, out_host};
     if (!sample_graph_.exec || !(sample_graph_.key == key)) {
       sample_graph_.reset();
       sample_graph_.exec = instantiate(capture_stream([&] {
@@ -781,18 +764,15 @@ class CudaDevice final : public Device {
         check(cudaMemsetAsync(state, 0, state_bytes, stream_), "zeroing the sampling state");
         sample_prep(a, stream_);
         if (!greedy) {
-          if (order_k > 0) {
-            auto* ids = static_cast<int64_t*>(order);
-            auto* vals = const_cast<float*>(a.order_vals);
-            if (threshold_topk) topk_threshold(z, V, t, order_k, order_scratch, order_sync, ids, vals, stream_);
-            else cuda::topk(z, V, t, order_k, order_scratch, ids, vals, stream_);
-            sample_threshold(a, stream_);
+          for (int r0 = 0; by_order && r0 < t; r0 += group) {
+            const int rows = std::min(group, t - r0);
+            sample_order(a, r0, rows, sort_scratch, sort_bytes, stream_);
             if (top_p) {
-              sample_kept_pairs(a, false, stream_);
-              sample_top_p(a, stream_);
+              sample_kept_pairs(a, false, r0, rows, stream_);
+              sample_top_p(a, r0, rows, stream_);
             }
           }
-          sample_kept_pairs(a, true, stream_);
+          sample_kept_pairs(a, true, 0, t, stream_);
         }
         check(cudaMemcpyAsync(out_host, out_dev, out_bytes, cudaMemcpyDeviceToHost, stream_), "download of samples");
       }), "cudaGraphInstantiate (sample)");
@@ -827,14 +807,6 @@ class CudaDevice final : public Device {
     check(cudaMemcpyAsync(&host, first, sizeof host, cudaMemcpyDeviceToHost, stream_), "download of a flag");
     check(cudaStreamSynchronize(stream_), "find_nonfinite (synchronize)");
     return host >= (unsigned long long)n ? -1 : (int64_t)host;
-  }
-
-  std::shared_ptr<ResidentBuffer> upload(const void* src, size_t n) override {
-    DeviceScope scope(ordinal_);
-    auto mem = std::make_shared<DeviceMemory>(std::max<size_t>(n, 8), ordinal_, "an upload");
-    check(cudaMemcpyAsync(mem->ptr, src, n, cudaMemcpyHostToDevice, stream_), "upload");
-    check(cudaStreamSynchronize(stream_), "upload (synchronize)");
-    return mem;
   }
 
   void download(const float* src, float* dst, size_t n) override {
@@ -874,16 +846,16 @@ class CudaDevice final : public Device {
   };
   // What sample()'s captured graph bakes in.
   struct SampleKey {
-    int t = 0, order_k = 0;
+    int t = 0, order_bits = 0;
     bool greedy = false, top_p = false, check = false, z_pair = false, raw_pair = false;
-    const void *x, *bias, *allowed, *in, *out, *logits, *z, *pairs, *state, *order, *order_scratch, *acts_q8,
+    const void *x, *bias, *allowed, *in, *out, *logits, *z, *pairs, *state, *keys, *sort_scratch, *acts_q8,
         *normed, *in_host, *out_host;
     bool operator==(const SampleKey& o) const {
-      return t == o.t && order_k == o.order_k && greedy == o.greedy && top_p == o.top_p && check == o.check &&
+      return t == o.t && order_bits == o.order_bits && greedy == o.greedy && top_p == o.top_p && check == o.check &&
              z_pair == o.z_pair && raw_pair == o.raw_pair &&
              x == o.x && bias == o.bias && allowed == o.allowed && in == o.in && out == o.out &&
-             logits == o.logits && z == o.z && pairs == o.pairs && state == o.state && order == o.order &&
-             order_scratch == o.order_scratch && acts_q8 == o.acts_q8 && normed == o.normed &&
+             logits == o.logits && z == o.z && pairs == o.pairs && state == o.state && keys == o.keys &&
+             sort_scratch == o.sort_scratch && acts_q8 == o.acts_q8 && normed == o.normed &&
              in_host == o.in_host && out_host == o.out_host;
     }
   };
@@ -1330,8 +1302,8 @@ class CudaDevice final : public Device {
   PinnedScratch score_in_host_, score_out_host_;
   ScoreGraph score_graph_;
   ReduceScratch lsm_reduce_;  // log_softmax()
-  Scratch sample_in_, sample_out_, sample_logits_, sample_z_, sample_pairs_, sample_state_, sample_order_,
-      sample_topk_, sample_sync_, sample_bias_, sample_allowed_;  // sample()
+  Scratch sample_in_, sample_out_, sample_logits_, sample_z_, sample_pairs_, sample_state_, sample_keys_,
+      sample_sort_, sample_bias_, sample_allowed_;  // sample()
   PinnedScratch sample_in_host_, sample_out_host_;
   CachedGraph<SampleKey> sample_graph_;
   Scratch lsm_lse_;

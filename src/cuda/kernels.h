@@ -134,11 +134,7 @@ struct SampleRowState {
   float thr_z;
   float row_lse;                // the logits' canonical logsumexp
   LsePair cut_pair;             // the pair of the z top_k keeps (top_p's m, s)
-  int32_t needs_host;           // top_p's prefix ran past the order's K ids
 };
-// The status of a row the device leaves to the host sampler (a top_p prefix
-// longer than the order it ranked).
-constexpr int32_t kSampleNeedsHost = 3;
 struct SampleKargs {
   const float* x = nullptr;  // logits [t x V]
   float* z = nullptr;        // scratch [t x V]: the processed logits, -inf where dropped
@@ -152,9 +148,12 @@ struct SampleKargs {
   unsigned* done = nullptr;              // device [t], zero at rest (the kernels leave it zero)
   LsePair* pairs_a = nullptr;            // [t x tiles]
   LsePair* pairs_b = nullptr;            // [t x tiles]
-  const int64_t* order_ids = nullptr;    // cuda::topk of z: [t x order_k]
-  const float* order_vals = nullptr;
-  int order_k = 0;
+  // the kept-set order (top_k, top_p) of a group of rows: one key per token,
+  // sorted descending (sample_order); ids take id_bits bits (id_mask)
+  unsigned long long* keys = nullptr;         // [rows x V]
+  unsigned long long* keys_sorted = nullptr;  // [rows x V]
+  int id_bits = 0;
+  unsigned id_mask = 0;
   // which pairs sample_final computes: the kept z's (else z is x and nothing
   // is dropped: the logits' own logsumexp) and the kept raw logits' (else
   // nothing is dropped: the kept set's raw mass is the whole row's)
@@ -162,9 +161,21 @@ struct SampleKargs {
   SampleResult* out = nullptr;  // device [t]
 };
 void sample_prep(const SampleKargs& a, cudaStream_t stream);
-void sample_threshold(const SampleKargs& a, cudaStream_t stream);
-void sample_kept_pairs(const SampleKargs& a, bool final_pass, cudaStream_t stream);
-void sample_top_p(const SampleKargs& a, cudaStream_t stream);
+// Rows [row0, row0 + rows) (a group of at most kSampleOrderRows): their keys,
+// one sort, top_k's threshold. sort_scratch: sample_order_scratch_bytes.
+constexpr int kSampleOrderRows = 16;
+inline int sample_order_bits(int id_bits, int rows) {
+  int row_bits = 0;
+  while ((1 << row_bits) < rows) ++row_bits;
+  return 32 + id_bits + row_bits;
+}
+void sample_order(const SampleKargs& a, int row0, int rows, void* sort_scratch, size_t sort_bytes,
+                  cudaStream_t stream);
+size_t sample_order_scratch_bytes(int64_t V, int rows, int id_bits);
+// sample_kept's passes over rows [row0, row0 + rows): final_pass = false the
+// z the order cut keeps (top_p's m, s); true the draw itself
+void sample_kept_pairs(const SampleKargs& a, bool final_pass, int row0, int rows, cudaStream_t stream);
+void sample_top_p(const SampleKargs& a, int row0, int rows, cudaStream_t stream);
 // The t results as arrays: tokens (int64), logprobs, processed_logprobs, kept_mass.
 void sample_unpack(const SampleResult* results, int t, int64_t* tokens, float* logprobs, float* processed,
                    float* kept_mass, cudaStream_t stream);

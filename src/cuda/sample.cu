@@ -6,10 +6,12 @@
 //                  scratch row, the first non-finite z, the top token (first
 //                  largest z), the count of finite z, the logits' canonical
 //                  logsumexp; greedy rows are finished here.
-//   (top_k/top_p)  cuda::topk over z gives the kept-set order's first K ids;
-//                  sample_threshold takes top_k's cut from it; sample_pairs
-//                  the (m, s) of the z top_k keeps; sample_top_p walks the
-//                  order adding e^(z - m) in sequence, as sample_top_p_count.
+//   sample_order   (top_k, top_p) each row's tokens as one key each in the
+//                  kept-set order (larger z, then lower id; the row in the
+//                  high bits), one radix sort of a group of rows, top_k's cut;
+//                  sample_kept (first pass) the (m, s) of the z top_k keeps;
+//                  sample_top_p walks the sorted order adding e^(z - m) in
+//                  sequence, as sample_top_p_count does.
 //   sample_final   the kept set (the order's cut, min_p), the canonical pairs
 //                  of its z and of its raw logits, and the exponential race
 //                  (largest e^(z - m) / E, ties to the lower id: a maximum,
@@ -17,6 +19,10 @@
 //
 // Every kernel but the walk runs a CTA per (row, tile of kLseTile ids); the
 // CTA that finishes a row's last tile joins the row (tile_reduce.cuh).
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+
 #include "cuda_check.h"
 #include "kernels.h"
 #include "muser/sample.h"
@@ -152,20 +158,43 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
   }
 }
 
-// One warp per row: top_k's cut from the order (sample_kept_set: only when
+// The order's sorted keys of row k (sample_order sorted them, row k - row0 of its group).
+__device__ __forceinline__ const unsigned long long* sorted_row(const SampleKargs& a, int64_t k, int row0) {
+  return a.keys_sorted + (k - row0) * a.V;
+}
+__device__ __forceinline__ int sorted_id(const SampleKargs& a, unsigned long long key) {
+  return (int)(a.id_mask - (unsigned)(key & a.id_mask));
+}
+
+// grid (tiles, rows of the group): each token's place in the kept-set order as
+// one key -- the group row (first rows largest), the order key of (z, id), a
+// -inf z below every finite one -- so one descending sort orders every row.
+__global__ void sample_order_keys_kernel(SampleKargs a, int row0, int rows) {
+  const int64_t r = blockIdx.y, k = row0 + r;
+  const float* z = a.z + k * a.V;
+  const unsigned long long row_bits = (unsigned long long)(rows - 1 - r) << (32 + a.id_bits);
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.V; i += (int64_t)gridDim.x * blockDim.x) {
+    const float zi = z[i];
+    unsigned long long key = row_bits;
+    if (zi != lse_neg_inf()) key |= ((order_key(zi, 0u) >> 32) << a.id_bits) | (a.id_mask - (unsigned)i);
+    a.keys[r * a.V + i] = key;
+  }
+}
+
+// One thread per row of the group: top_k's cut (sample_kept_set: only when
 // top_k < the count of finite z), the last kept (z, id) as the threshold.
-__global__ void sample_threshold_kernel(SampleKargs a) {
-  const int64_t k = blockIdx.x;
+__global__ void sample_threshold_kernel(SampleKargs a, int row0, int rows) {
+  const int64_t k = row0 + blockIdx.x;
   if (threadIdx.x != 0) return;
   const SampleParams p = *a.params;
   SampleRowState& r = a.rows[k];
   r.has_cut = 0;
   r.cut_count = (int)r.finite;
   if (p.top_k > 0 && (unsigned)p.top_k < r.finite) {
-    const int64_t at = k * a.order_k + (p.top_k - 1);
+    const int id = sorted_id(a, sorted_row(a, k, row0)[p.top_k - 1]);
     r.has_cut = 1;
-    r.thr_id = (int32_t)a.order_ids[at];
-    r.thr_z = a.order_vals[at];
+    r.thr_id = id;
+    r.thr_z = a.z[k * a.V + id];
     r.cut_count = p.top_k;
   }
 }
@@ -174,11 +203,11 @@ __global__ void sample_threshold_kernel(SampleKargs a) {
 // keeps (top_p's (m, s)); with final = true, also min_p, the pair of the raw
 // logits it keeps and the race, and the finish of each row's draw.
 template <bool kFinal>
-__global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKargs a) {
+__global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKargs a, int row0) {
   __shared__ TileSmem sm;
   __shared__ unsigned long long warp_race[kTileWarps];
   const int lane = threadIdx.x % kCanonLanes, warp = threadIdx.x / kCanonLanes;
-  const int64_t k = blockIdx.y, tile = blockIdx.x, i0 = tile * kLseTile;
+  const int64_t k = row0 + blockIdx.y, tile = blockIdx.x, i0 = tile * kLseTile;
   const int tiles = (int)gridDim.x;
   const int count = (int)(a.V - i0 < kLseTile ? a.V - i0 : kLseTile);
   const SampleParams p = *a.params;
@@ -225,6 +254,7 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
   LsePair zpair = lse_empty(), xpair = lse_empty();
   if (z_pair) zpair = tile_pair(zk, sm);  // uniform over the CTA: every thread calls or none
   if (raw_pair) xpair = tile_pair(xk, sm);
+  __syncthreads();  // warp_race is read below even where no tile_pair ran
   if (threadIdx.x == 0) {
     a.pairs_a[k * tiles + tile] = zpair;
     if (kFinal) {
@@ -246,10 +276,6 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
   }
   SampleResult& out = a.out[k];
   if (out.status != kSampleOk) return;  // sample_prep's verdict stands
-  if (r.needs_host) {
-    out.status = kSampleNeedsHost;
-    return;
-  }
   const unsigned long long race_key = __ldcg(&r.race_key);
   out.token = (int32_t)key_id(race_key);
   out.processed_logprob = z[out.token] - (z_pair ? lse_value(kept_pair) : r.row_lse);
@@ -258,41 +284,42 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
   out.kept_mass = canon_exp_nonpos(d < 0.0f ? d : 0.0f);
 }
 
-// One warp per row: top_p's cut (sample_top_p_count) over the first of the
-// order's K entries -- the exps at once across the lanes, their sum in order
-// by lane 0. The cut's last token becomes the threshold; a prefix longer
-// than K marks the row for the host.
-__global__ void sample_top_p_kernel(SampleKargs a) {
-  __shared__ float w[kTopkMax];
-  const int64_t k = blockIdx.x;
+// One warp per row of the group: top_p's cut (sample_top_p_count) over the
+// sorted order -- each lane computes one e^(z - m) of every 32, then every
+// lane adds the 32 in order (the same running sum on each lane). The cut's
+// last token becomes the threshold.
+__global__ void sample_top_p_kernel(SampleKargs a, int row0) {
+  const int64_t k = row0 + blockIdx.x;
   const int lane = threadIdx.x;
   const SampleParams p = *a.params;
   SampleRowState& r = a.rows[k];
-  const int n = r.cut_count < a.order_k ? r.cut_count : a.order_k;
-  const float m = r.cut_pair.m, s = r.cut_pair.s;
-  for (int j = lane; j < n; j += 32) w[j] = canon_exp_nonpos(a.order_vals[k * a.order_k + j] - m);
-  __syncwarp();
-  if (lane != 0) return;
-  const float target = p.top_p * s;
+  const int n = r.cut_count;
+  const float m = r.cut_pair.m, target = p.top_p * r.cut_pair.s;
+  const unsigned long long* keys = sorted_row(a, k, row0);
+  const float* z = a.z + k * a.V;
   float c = 0.0f;
-  int cut = -1;
-  for (int j = 0; j < n; ++j) {
-    c = c + w[j];
-    if (c >= target) {
-      cut = j + 1;
+  int cut = n;  // not reached: the whole kept set
+  for (int base = 0; base < n; base += 32) {
+    const int j = base + lane;
+    const float w = j < n ? canon_exp_nonpos(z[sorted_id(a, keys[j])] - m) : 0.0f;
+    int found = -1;
+    for (int l = 0; l < 32 && base + l < n; ++l) {
+      c = c + __shfl_sync(0xffffffffu, w, l);
+      if (c >= target) {
+        found = base + l + 1;
+        break;
+      }
+    }
+    if (found >= 0) {
+      cut = found;
       break;
     }
   }
-  if (cut < 0) {
-    // not reached: the whole kept set when the order held all of it, else the host walks further
-    if (n < r.cut_count) r.needs_host = 1;
-    return;
-  }
-  if (cut < r.cut_count) {
-    const int64_t at = k * a.order_k + (cut - 1);
+  if (lane == 0 && cut < n) {
+    const int id = sorted_id(a, keys[cut - 1]);
     r.has_cut = 1;
-    r.thr_id = (int32_t)a.order_ids[at];
-    r.thr_z = a.order_vals[at];
+    r.thr_id = id;
+    r.thr_z = z[id];
   }
 }
 
@@ -321,20 +348,37 @@ void sample_prep(const SampleKargs& a, cudaStream_t stream) {
   check_launch("sample_prep");
 }
 
-void sample_threshold(const SampleKargs& a, cudaStream_t stream) {
-  sample_threshold_kernel<<<(unsigned)a.t, 32, 0, stream>>>(a);
+void sample_order(const SampleKargs& a, int row0, int rows, void* sort_scratch, size_t sort_bytes,
+                  cudaStream_t stream) {
+  const unsigned blocks = (unsigned)std::min<int64_t>((a.V + 255) / 256, 256);
+  sample_order_keys_kernel<<<dim3(blocks, (unsigned)rows), 256, 0, stream>>>(a, row0, rows);
+  check_launch("sample_order_keys");
+  size_t bytes = sort_bytes;
+  check(cub::DeviceRadixSort::SortKeysDescending(sort_scratch, bytes, a.keys, a.keys_sorted, (int64_t)rows * a.V, 0,
+                                                 sample_order_bits(a.id_bits, rows), stream),
+        "the kept-set order's sort");
+  sample_threshold_kernel<<<(unsigned)rows, 32, 0, stream>>>(a, row0, rows);
   check_launch("sample_threshold");
 }
 
-void sample_kept_pairs(const SampleKargs& a, bool final_pass, cudaStream_t stream) {
+size_t sample_order_scratch_bytes(int64_t V, int rows, int id_bits) {
+  size_t bytes = 0;
+  check(cub::DeviceRadixSort::SortKeysDescending(nullptr, bytes, (unsigned long long*)nullptr,
+                                                 (unsigned long long*)nullptr, (int64_t)rows * V, 0,
+                                                 sample_order_bits(id_bits, rows)),
+        "the kept-set order's sort (size)");
+  return bytes;
+}
+
+void sample_kept_pairs(const SampleKargs& a, bool final_pass, int row0, int rows, cudaStream_t stream) {
   const unsigned tiles = (unsigned)((a.V + kLseTile - 1) / kLseTile);
-  if (final_pass) sample_kept_kernel<true><<<dim3(tiles, (unsigned)a.t), kTileThreads, 0, stream>>>(a);
-  else sample_kept_kernel<false><<<dim3(tiles, (unsigned)a.t), kTileThreads, 0, stream>>>(a);
+  if (final_pass) sample_kept_kernel<true><<<dim3(tiles, (unsigned)rows), kTileThreads, 0, stream>>>(a, row0);
+  else sample_kept_kernel<false><<<dim3(tiles, (unsigned)rows), kTileThreads, 0, stream>>>(a, row0);
   check_launch("sample_kept_pairs");
 }
 
-void sample_top_p(const SampleKargs& a, cudaStream_t stream) {
-  sample_top_p_kernel<<<(unsigned)a.t, 32, 0, stream>>>(a);
+void sample_top_p(const SampleKargs& a, int row0, int rows, cudaStream_t stream) {
+  sample_top_p_kernel<<<(unsigned)rows, 32, 0, stream>>>(a, row0);
   check_launch("sample_top_p");
 }
 

@@ -184,19 +184,6 @@ void bind_device(nb::module_& m) {
   "The logits are a pooled buffer no one else holds; later calls never write it while a view lives. "
   "stream: a CUDA stream handle to run on (wait=False: return with the work queued on it).");
 
-  m.def("device_upload", [](std::shared_ptr<Head> h, const AnyArray& host) {
-    if (host.device_type() != nb::device::cpu::value || !c_contiguous(host))
-      throw ArgValueError("device_upload takes a C-contiguous host array");
-    const size_t n = host.nbytes();
-    std::shared_ptr<ResidentBuffer> mem;
-    {
-      nb::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(h->mutex());
-      mem = h->device().upload(host.data(), n);
-    }
-    return device_view(mem, h, 0, host.dtype(), host.size());
-  }, nb::arg("head"), nb::arg("host"), "A copy of a host array in the head device's memory: (DLPack ndarray, address).");
-
   m.def("device_download", [](std::shared_ptr<Head> h, uint64_t address, int64_t count) {
     Device& dev = resident_device(*h);
     if (count < 0) throw ArgValueError("count must be >= 0");
