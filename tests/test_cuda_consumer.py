@@ -207,12 +207,12 @@ def test_device_sample_from_device_hidden_states_checks_them(files):
 
 
 def test_device_sample_names_a_non_finite_row(files):
-    # z = logit / temperature overflows: the device leaves the row to the host, which names it
+    # z = (logit + bias) / temperature overflows: the device leaves the row to the host, which names it
     path = files("Q5_K", 5003)
     gpu = muser.Head.load(path, device="cuda", route="fused")
     x = hidden_states(256, 3, seed=5)
-    with pytest.raises(muser.NonFiniteError, match="row 0, token .* is not finite after logit_bias and temperature"):
-        gpu.sample(x, seed=1, positions=np.arange(3), temperature=1e-38)
+    with pytest.raises(muser.NonFiniteError, match="row 0, token 9: .* is not finite after logit_bias and temperature"):
+        gpu.sample(x, seed=1, positions=np.arange(3), temperature=0.5, logit_bias={9: 3e38})
     assert gpu.sample(x, seed=1, positions=np.arange(3)).tokens.shape == (3,)  # the head is still usable
 
 
