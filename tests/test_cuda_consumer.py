@@ -228,7 +228,9 @@ def test_reductions_on_device_stay_in_device_memory_with_the_host_bits(files):
         d = getattr(dev, field)
         assert isinstance(d, muser.DeviceArray) and d.shape == np.shape(getattr(host, field)), field
         np.testing.assert_array_equal(d.get(), getattr(host, field), err_msg=field)
-        assert torch.from_dlpack(d).dtype == (torch.int64 if field == "ranks" else torch.float32)
+        shared = torch.from_dlpack(d)  # no copy: the framework sees the same shape and dtype
+        assert shared.dtype == (torch.int64 if field == "ranks" else torch.float32) and tuple(shared.shape) == d.shape
+        np.testing.assert_array_equal(shared.cpu().numpy(), getattr(host, field), err_msg=field)
     one = gpu.score(x[1], 7, on_device=True)
     assert one.ranks.shape == () and int(one.ranks.get()) == gpu.score(x[1], 7).ranks
     lse = gpu.logsumexp(x, on_device=True)

@@ -540,9 +540,10 @@ class Head:
         """
         if on_device:
             inputs = self._device_inputs(hidden)
+            lse_shape = () if inputs[3] else (inputs[2],)
             got = _core.device_score(self._core, inputs[0], inputs[1], inputs[2],
-                                     np.zeros((inputs[2], 0), np.int64), check_finite, True)
-            return self._device_result(got[2], () if inputs[3] else (inputs[2],), np.float32)
+                                     np.zeros((inputs[2], 0), np.int64), check_finite, True, [0], list(lse_shape))
+            return self._device_result(got[2], lse_shape, np.float32)
         inputs = self._inputs(hidden)
         lse = self._reduce(hidden, inputs, np.zeros((inputs[2], 0), np.int64), check_finite)[2]
         return float(lse[0]) if inputs[3] else lse
@@ -646,8 +647,9 @@ class Head:
         # ids outside [0, V) are refused by the reduction itself, before it computes
         grid = np.ascontiguousarray(grid, dtype=np.int64).reshape(t, -1)
         if on_device:
-            dv, dr, dl, dp = _core.device_score(self._core, inputs[0], inputs[1], t, grid, check_finite, True)
             lse_shape = () if single else (t,)
+            dv, dr, dl, dp = _core.device_score(self._core, inputs[0], inputs[1], t, grid, check_finite, True,
+                                                list(shape), list(lse_shape))
             return Scores(self._device_result(dp, shape, np.float32), self._device_result(dv, shape, np.float32),
                           self._device_result(dr, shape, np.int64), self._device_result(dl, lse_shape, np.float32))
         vals, ranks, lse = self._reduce(hidden, inputs, grid, check_finite)
@@ -684,11 +686,11 @@ class Head:
         if self._pinned is None and self.caps.get("sample_on_device"):
             rows, ptr, t, single = self._inputs(hidden)
             pos = _sampling.check_positions(positions, t, single)
+            shape = () if single else (t,)
             drawn = _core.device_sample(self._core, rows, ptr, t, pos, p.seed, p.temperature, p.top_k, p.top_p,
-                                        p.min_p, p.bias, p.allowed, check_finite, on_device)
+                                        p.min_p, p.bias, p.allowed, check_finite, on_device, list(shape))
             if drawn is not None:
                 if on_device:
-                    shape = () if single else (t,)
                     return Sample(*(self._device_result(v, shape, dt) for v, dt in
                                     zip(drawn, (np.int64, np.float32, np.float32, np.float32))))
                 return _sampling.sample_result(drawn, single)

@@ -116,9 +116,12 @@ nb::dict caps_dict(const DeviceCaps& c) {
 }
 
 // (DLPack ndarray, address) of n elements of `dt` at byte `offset` of a device
-// buffer; the array keeps the buffer and the head alive.
+// buffer, in `shape` (C order); the array keeps the buffer and the head alive.
 nb::tuple device_view(const std::shared_ptr<ResidentBuffer>& mem, const std::shared_ptr<Head>& h, size_t offset,
-                      nb::dlpack::dtype dt, size_t n) {
+                      nb::dlpack::dtype dt, size_t n, const std::vector<size_t>& shape) {
+  size_t count = 1;
+  for (size_t d : shape) count *= d;
+  if (count != n) throw ArgValueError("a device result's shape must hold its " + std::to_string(n) + " values");
   struct Owner {
     std::shared_ptr<ResidentBuffer> mem;
     std::shared_ptr<Head> head;
@@ -127,8 +130,7 @@ nb::tuple device_view(const std::shared_ptr<ResidentBuffer>& mem, const std::sha
   auto* owner = new Owner{mem, h};
   nb::capsule cap(owner, [](void* p) noexcept { delete static_cast<Owner*>(p); });
   void* ptr = static_cast<uint8_t*>(mem->ptr) + offset;
-  size_t shape[1] = {n};
-  nb::ndarray<nb::array_api> view(ptr, 1, shape, cap, nullptr, dt, caps.dlpack_device, caps.ordinal);
+  nb::ndarray<nb::array_api> view(ptr, shape.size(), shape.data(), cap, nullptr, dt, caps.dlpack_device, caps.ordinal);
   return nb::make_tuple(nb::cast(view), (uint64_t)(uintptr_t)ptr);
 }
 
@@ -246,7 +248,8 @@ void bind_device(nb::module_& m) {
   "Run the route and rank each row on the device in the same call; only (ids, values) [t, k] come back "
   "(ids_only, k=1: the argmax ids [t, 1] alone).");
   m.def("device_score", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t address, int64_t t,
-                           const AnyArray& ids, bool check_finite, bool on_device) -> nb::tuple {
+                           const AnyArray& ids, bool check_finite, bool on_device, std::vector<size_t> ids_shape,
+                           std::vector<size_t> lse_shape) -> nb::tuple {
     Device& dev = h->device();
     const int64_t V = h->spec().vocab;
     if (ids.dtype() != nb::dtype<int64_t>() || ids.ndim() != 2 || (int64_t)ids.shape(0) != t || !c_contiguous(ids) ||
@@ -288,21 +291,23 @@ void bind_device(nb::module_& m) {
     if (on_device) {  // the same arrays, left in device memory (vocab_scores_layout)
       const VocabScoresLayout at = vocab_scores_layout(t, m);
       const size_t n = (size_t)(t * m);
-      return nb::make_tuple(device_view(out.device_out, h, at.values, nb::dtype<float>(), n),
-                            device_view(out.device_out, h, at.ranks, nb::dtype<int64_t>(), n),
-                            device_view(out.device_out, h, 0, nb::dtype<float>(), (size_t)t),
-                            device_view(out.device_out, h, at.logprobs, nb::dtype<float>(), n));
+      return nb::make_tuple(device_view(out.device_out, h, at.values, nb::dtype<float>(), n, ids_shape),
+                            device_view(out.device_out, h, at.ranks, nb::dtype<int64_t>(), n, ids_shape),
+                            device_view(out.device_out, h, 0, nb::dtype<float>(), (size_t)t, lse_shape),
+                            device_view(out.device_out, h, at.logprobs, nb::dtype<float>(), n, ids_shape));
     }
     return nb::make_tuple(values, ranks, lse, logprobs);
   }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("ids"),
-  nb::arg("check_finite"), nb::arg("on_device") = false,
+  nb::arg("check_finite"), nb::arg("on_device") = false, nb::arg("ids_shape") = std::vector<size_t>{},
+  nb::arg("lse_shape") = std::vector<size_t>{},
   "Run the route and reduce its logits over the vocabulary (Device::score): (values [t, m], ranks [t, m], lse [t], "
-  "logprobs [t, m]); on_device: each as (DLPack ndarray, address) in device memory.");
+  "logprobs [t, m]); on_device: each as (DLPack ndarray, address) in device memory, shaped ids_shape "
+  "(lse: lse_shape).");
 
   m.def("device_sample", [](std::shared_ptr<Head> h, std::optional<AnyArray> hidden, uint64_t address, int64_t t,
                             U64s positions, uint64_t seed, float temperature, int top_k, float top_p, float min_p,
                             std::optional<Row> bias, std::optional<Mask> allowed, bool check_finite,
-                            bool on_device) -> nb::object {
+                            bool on_device, std::vector<size_t> out_shape) -> nb::object {
     Device& dev = h->device();
     const int64_t V = h->spec().vocab;
     if ((int64_t)positions.shape(0) != t)
@@ -327,10 +332,10 @@ void bind_device(nb::module_& m) {
     if (!drawn) return nb::none();  // the caller samples host logits (and names any row's problem)
     if (on_device) {  // tokens [t] (int64) | logprobs | processed_logprobs | kept_mass
       const size_t n = (size_t)t;
-      return nb::make_tuple(device_view(req.device_out, h, 0, nb::dtype<int64_t>(), n),
-                            device_view(req.device_out, h, 8 * n, nb::dtype<float>(), n),
-                            device_view(req.device_out, h, 12 * n, nb::dtype<float>(), n),
-                            device_view(req.device_out, h, 16 * n, nb::dtype<float>(), n));
+      return nb::make_tuple(device_view(req.device_out, h, 0, nb::dtype<int64_t>(), n, out_shape),
+                            device_view(req.device_out, h, 8 * n, nb::dtype<float>(), n, out_shape),
+                            device_view(req.device_out, h, 12 * n, nb::dtype<float>(), n, out_shape),
+                            device_view(req.device_out, h, 16 * n, nb::dtype<float>(), n, out_shape));
     }
     auto tokens = owned<int64_t>(1, (size_t)t);
     auto lp = owned<float>(1, (size_t)t), plp = owned<float>(1, (size_t)t), mass = owned<float>(1, (size_t)t);
@@ -344,6 +349,7 @@ void bind_device(nb::module_& m) {
   }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("positions"),
   nb::arg("seed"), nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"), nb::arg("min_p"),
   nb::arg("bias").none(), nb::arg("allowed").none(), nb::arg("check_finite"), nb::arg("on_device") = false,
+  nb::arg("out_shape") = std::vector<size_t>{},
   "Run the route and draw one token per row on the device (Device::sample): (tokens, logprobs, "
   "processed_logprobs, kept_mass), or None where the device leaves the draw to the host.");
 }
