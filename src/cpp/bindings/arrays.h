@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace muser::py {
 
@@ -35,6 +37,15 @@ nanobind::ndarray<nanobind::numpy, T, nanobind::ndim<2>> owned(size_t rows, size
   nanobind::capsule owner(p, [](void* q) noexcept { delete[] static_cast<T*>(q); });
   size_t shape[2] = {rows, cols};
   return nanobind::ndarray<nanobind::numpy, T, nanobind::ndim<2>>(p, 2, shape, owner);
+}
+
+// A new 1-D numpy array that takes over v's values.
+template <class T>
+nanobind::ndarray<nanobind::numpy, T, nanobind::ndim<1>> owned_array(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nanobind::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  size_t shape[1] = {heap->size()};
+  return nanobind::ndarray<nanobind::numpy, T, nanobind::ndim<1>>(heap->data(), 1, shape, owner);
 }
 
 }  // namespace muser::py

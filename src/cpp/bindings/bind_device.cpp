@@ -317,7 +317,7 @@ void bind_device(nb::module_& m) {
     req.bias = bias_ptr(bias, V);
     req.allowed = allowed_ptr(allowed, V);
     req.positions = positions.data();
-    std::vector<SampleResult> res((size_t)std::max<int64_t>(t, 1));
+    std::vector<SampleResult> res((size_t)t);
     bool drawn = false;
     {
       nb::gil_scoped_release release;
@@ -337,15 +337,7 @@ void bind_device(nb::module_& m) {
                             device_view(req.device_out, h, 12 * n, nb::dtype<float>(), n, out_shape),
                             device_view(req.device_out, h, 16 * n, nb::dtype<float>(), n, out_shape));
     }
-    auto tokens = owned<int64_t>(1, (size_t)t);
-    auto lp = owned<float>(1, (size_t)t), plp = owned<float>(1, (size_t)t), mass = owned<float>(1, (size_t)t);
-    for (int64_t r = 0; r < t; ++r) {
-      tokens.data()[r] = res[(size_t)r].token;
-      lp.data()[r] = res[(size_t)r].logprob;
-      plp.data()[r] = res[(size_t)r].processed_logprob;
-      mass.data()[r] = res[(size_t)r].kept_mass;
-    }
-    return nb::make_tuple(tokens, lp, plp, mass);
+    return sample_arrays(res);
   }, nb::arg("head"), nb::arg("hidden").none(), nb::arg("address"), nb::arg("t"), nb::arg("positions"),
   nb::arg("seed"), nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"), nb::arg("min_p"),
   nb::arg("bias").none(), nb::arg("allowed").none(), nb::arg("check_finite"), nb::arg("on_device") = false,

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "arrays.h"
 #include "bindings.h"
 #include "sample_args.h"
 #include "cpu/kernels.h"
@@ -25,15 +26,6 @@ namespace {
 
 using Rows = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using I64s = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
-// A new numpy array of n values owned by a capsule.
-template <class T>
-nb::ndarray<nb::numpy, T, nb::ndim<1>> owned_array(std::vector<T>&& v) {
-  auto* heap = new std::vector<T>(std::move(v));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  size_t shape[1] = {heap->size()};
-  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), 1, shape, owner);
-}
 
 // The error of a row whose processed logits hold no usable token.
 [[noreturn]] void throw_status(const SampleResult& r, int64_t row, const float* logits, const float* bias) {
@@ -70,18 +62,9 @@ void bind_sample(nb::module_& m) {
             cpu::logsumexp_rows(logits.data(), (int)t, V, n, lse.data());  // the lse score uses
             cpu::sample_rows(logits.data(), (int)t, V, lse.data(), b, a, p, positions.data(), n, res.data());
           }
-          std::vector<int64_t> tokens((size_t)t);
-          std::vector<float> lp((size_t)t), plp((size_t)t), mass((size_t)t);
-          for (int64_t r = 0; r < t; ++r) {
-            const SampleResult& s = res[(size_t)r];
-            if (s.status != kSampleOk) throw_status(s, r, logits.data() + r * V, b);
-            tokens[(size_t)r] = s.token;
-            lp[(size_t)r] = s.logprob;
-            plp[(size_t)r] = s.processed_logprob;
-            mass[(size_t)r] = s.kept_mass;
-          }
-          return nb::make_tuple(owned_array(std::move(tokens)), owned_array(std::move(lp)),
-                                owned_array(std::move(plp)), owned_array(std::move(mass)));
+          for (int64_t r = 0; r < t; ++r)
+            if (res[(size_t)r].status != kSampleOk) throw_status(res[(size_t)r], r, logits.data() + r * V, b);
+          return sample_arrays(res);
         },
         nb::arg("logits"), nb::arg("positions"), nb::arg("seed"), nb::arg("temperature"), nb::arg("top_k"),
         nb::arg("top_p"), nb::arg("min_p"), nb::arg("bias").none(), nb::arg("allowed").none(),

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "arrays.h"
 #include "errors.h"
 #include "muser/sample.h"
 
@@ -35,6 +37,22 @@ inline SampleParams params_of(uint64_t seed, float temperature, int top_k, float
       top_k < 0 || top_k > V)
     throw ArgValueError("sampling parameters out of range (muser._sampling validates them)");
   return SampleParams{temperature, (int32_t)top_k, top_p, min_p, seed};
+}
+
+// Drawn rows as the arrays the Python layer takes: (tokens int64, logprobs,
+// processed_logprobs, kept_mass), each [t] (the rows' statuses already checked).
+inline nanobind::tuple sample_arrays(const std::vector<SampleResult>& res) {
+  const size_t t = res.size();
+  std::vector<int64_t> tokens(t);
+  std::vector<float> lp(t), plp(t), mass(t);
+  for (size_t r = 0; r < t; ++r) {
+    tokens[r] = res[r].token;
+    lp[r] = res[r].logprob;
+    plp[r] = res[r].processed_logprob;
+    mass[r] = res[r].kept_mass;
+  }
+  return nanobind::make_tuple(owned_array(std::move(tokens)), owned_array(std::move(lp)),
+                              owned_array(std::move(plp)), owned_array(std::move(mass)));
 }
 
 }  // namespace muser::py
