@@ -309,12 +309,7 @@ class CudaDevice final : public Device {
     DeviceScope scope(ordinal_);
     const int64_t H = spec_.hidden, V = spec_.vocab;
     const size_t xbytes = (size_t)t * H * sizeof(float);
-    const float* x = hidden;
-    if (!hidden_on_device) {
-      float* dst = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
-      check(cudaMemcpyAsync(dst, hidden, xbytes, cudaMemcpyHostToDevice, stream_), "upload of the hidden states");
-      x = dst;
-    }
+    const float* x = device_hidden(hidden, hidden_on_device, xbytes, stream_);
     float* normed = static_cast<float*>(normed_.ensure(xbytes, ordinal_, "normed hidden states"));
     const size_t lbytes = (size_t)t * V * sizeof(float);
     LogitsSlot* slot = logits_slot(lbytes, stream_, false);
@@ -432,12 +427,7 @@ class CudaDevice final : public Device {
     if (!capturing && pending_ && pending_stream_ != run_on)
       check(cudaStreamWaitEvent(run_on, done_ev_, 0), "cudaStreamWaitEvent (the previous call)");
 
-    const float* x = hidden;
-    if (!hidden_on_device) {
-      float* dst = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
-      check(cudaMemcpyAsync(dst, hidden, xbytes, cudaMemcpyHostToDevice, run_on), "upload of the hidden states");
-      x = dst;
-    }
+    const float* x = device_hidden(hidden, hidden_on_device, xbytes, run_on);
     float* normed = static_cast<float*>(normed_.ensure(xbytes, ordinal_, "normed hidden states"));
     if (q8_) acts_q8_.ensure(q8_bytes, ordinal_, "int8 activations");
     LogitsSlot* slot = logits_slot(lbytes, run_on, capturing);
@@ -543,8 +533,7 @@ class CudaDevice final : public Device {
     DeviceScope scope(ordinal_);
     const int64_t H = spec_.hidden, V = spec_.vocab, m = out.m, n_ids = (int64_t)t * m;
     const size_t xbytes = (size_t)t * H * sizeof(float);
-    const float* x = hidden;
-    if (!hidden_on_device) x = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
+    const float* x = device_hidden(hidden, hidden_on_device, xbytes, stream_);
     normed_.ensure(xbytes, ordinal_, "normed hidden states");
     if (q8_) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
     const int group = std::min<int64_t>(t, score_group_tokens(V));
@@ -561,9 +550,6 @@ class CudaDevice final : public Device {
     score_chunk_.ensure((size_t)group * V * 4, ordinal_, "a group's logits");
     score_reduce_.ensure(group, (int)m, V, ordinal_, stream_);
 
-    if (!hidden_on_device)
-      check(cudaMemcpyAsync(const_cast<float*>(x), hidden, xbytes, cudaMemcpyHostToDevice, stream_),
-            "upload of the hidden states");
     if (in_bytes)
       check(cudaMemcpyAsync(in_dev, in_host, in_bytes, cudaMemcpyHostToDevice, stream_), "upload of token ids");
     const ScoreKey key{t, (int)m, group, check_x, x, in_dev, out_dev, score_chunk_.mem->ptr, score_reduce_.pairs.mem->ptr,
@@ -585,9 +571,7 @@ class CudaDevice final : public Device {
     std::memcpy(out.values, out_host + at.values, (size_t)n_ids * 4);
     std::memcpy(out.logprobs, out_host + at.logprobs, (size_t)n_ids * 4);
     std::memcpy(out.ranks, out_host + at.ranks, (size_t)n_ids * 8);
-    unsigned long long bad = 0;
-    std::memcpy(&bad, out_host + bad_at, 8);
-    out.first_nonfinite = check_x && bad < (unsigned long long)(t * H) ? (int64_t)bad : -1;
+    out.first_nonfinite = check_x ? first_bad_index(out_host + bad_at, (int64_t)t * H) : -1;
     if (out.keep_on_device && out.first_nonfinite < 0) out.device_out = device_copy(out_dev, at.bytes, "scores");
   }
 
@@ -675,6 +659,16 @@ class CudaDevice final : public Device {
     if (!sample_once(hidden, hidden_on_device, t, req, greedy, by_order, id_bits, out)) return false;
     for (int r = 0; r < t; ++r)
       if (out[r].status != kSampleOk) return false;  // the host names the row's problem
+    if (req.keep_on_device) {  // tokens [t] (int64) | logprobs | processed_logprobs | kept_mass
+      DeviceScope scope(ordinal_);
+      auto mem = std::make_shared<DeviceMemory>((size_t)t * 20, ordinal_, "samples");
+      auto* base = static_cast<uint8_t*>(mem->ptr);
+      auto* f = reinterpret_cast<float*>(base + (size_t)t * 8);
+      sample_unpack(static_cast<const SampleResult*>(sample_out_.mem->ptr), t, reinterpret_cast<int64_t*>(base), f,
+                    f + t, f + 2 * t, stream_);
+      check(cudaStreamSynchronize(stream_), "samples (synchronize)");
+      req.device_out = mem;
+    }
     return true;
   }
 
@@ -684,8 +678,7 @@ class CudaDevice final : public Device {
     const int64_t H = spec_.hidden, V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
     const SampleParams& p = req.params;
     const size_t xbytes = (size_t)t * H * sizeof(float);
-    const float* x = hidden;
-    if (!hidden_on_device) x = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
+    const float* x = device_hidden(hidden, hidden_on_device, xbytes, stream_);
     normed_.ensure(xbytes, ordinal_, "normed hidden states");
     if (q8_) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
     const bool check_x = req.check_hidden && hidden_on_device;
@@ -725,9 +718,6 @@ class CudaDevice final : public Device {
       check(cudaMemcpyAsync(const_cast<uint8_t*>(allowed), req.allowed, (size_t)V, cudaMemcpyHostToDevice, stream_),
             "upload of allowed");
     }
-    if (!hidden_on_device)
-      check(cudaMemcpyAsync(const_cast<float*>(x), hidden, xbytes, cudaMemcpyHostToDevice, stream_),
-            "upload of the hidden states");
 
     SampleKargs a;
     a.x = logits;
@@ -781,22 +771,24 @@ class CudaDevice final : public Device {
     check(cudaGraphLaunch(sample_graph_.exec, stream_), "cudaGraphLaunch (sample)");
     check(cudaStreamSynchronize(stream_), "sample (synchronize)");
     std::memcpy(out, out_host, (size_t)t * sizeof(SampleResult));
+    req.first_nonfinite = check_x ? first_bad_index(out_host + bad_at, (int64_t)t * H) : -1;
+    return req.first_nonfinite < 0;
+  }
+
+  // The first bad index find_nonfinite left in a pinned word, or -1 (>= n: none).
+  static int64_t first_bad_index(const uint8_t* word, int64_t n) {
     unsigned long long bad = 0;
-    std::memcpy(&bad, out_host + bad_at, 8);
-    req.first_nonfinite = check_x && bad < (unsigned long long)(t * H) ? (int64_t)bad : -1;
-    if (req.first_nonfinite >= 0) return false;
-    bool all_ok = true;
-    for (int r = 0; r < t; ++r) all_ok = all_ok && out[r].status == kSampleOk;
-    if (req.keep_on_device && all_ok) {  // tokens [t] (int64) | logprobs | processed_logprobs | kept_mass
-      auto mem = std::make_shared<DeviceMemory>((size_t)t * 20, ordinal_, "samples");
-      auto* base = static_cast<uint8_t*>(mem->ptr);
-      auto* f = reinterpret_cast<float*>(base + (size_t)t * 8);
-      sample_unpack(reinterpret_cast<const SampleResult*>(out_dev), t, reinterpret_cast<int64_t*>(base), f, f + t,
-                    f + 2 * t, stream_);
-      check(cudaStreamSynchronize(stream_), "samples (synchronize)");
-      req.device_out = mem;
-    }
-    return true;
+    std::memcpy(&bad, word, 8);
+    return bad < (unsigned long long)n ? (int64_t)bad : -1;
+  }
+
+  // Hidden states in this device's memory: a device pointer as it is, host
+  // rows uploaded on `s` into the head's hidden-state scratch.
+  const float* device_hidden(const float* hidden, bool on_device, size_t xbytes, cudaStream_t s) {
+    if (on_device) return hidden;
+    float* dst = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
+    check(cudaMemcpyAsync(dst, hidden, xbytes, cudaMemcpyHostToDevice, s), "upload of the hidden states");
+    return dst;
   }
 
   int64_t find_nonfinite(const float* x, int64_t n) override {
@@ -864,17 +856,15 @@ class CudaDevice final : public Device {
   // leaves them zero, so graphs replay without a memset node.
   struct ReduceScratch {
     Scratch pairs, acc;
-    int t = 0, m = 0;
+    // Any layout of (rows, ids) fits a zeroed buffer of enough bytes: every byte is zero at rest.
     void ensure(int rows, int ids, int64_t V, int ordinal, cudaStream_t stream) {
       const int64_t tiles = (V + kLseTile - 1) / kLseTile;
       pairs.ensure((size_t)rows * tiles * lse_pair_bytes(), ordinal, "logsumexp tile pairs");
       const size_t bytes = (size_t)rows * ids * 8 + (size_t)rows * 4;
-      if (!acc.mem || acc.mem->bytes < bytes || rows > t || ids > m) {
+      if (!acc.mem || acc.mem->bytes < bytes) {
         acc.ensure(std::max<size_t>(bytes, 8), ordinal, "vocab_reduce accumulators");
         check(cudaMemsetAsync(acc.mem->ptr, 0, acc.mem->bytes, stream), "zeroing the accumulators");
         check(cudaStreamSynchronize(stream), "zeroing the accumulators (synchronize)");
-        t = std::max(t, rows);
-        m = std::max(m, ids);
       }
     }
     // the layout for `rows` x `ids` (ahead_acc first, then done)
