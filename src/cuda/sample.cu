@@ -26,36 +26,17 @@
 #include "cuda_check.h"
 #include "kernels.h"
 #include "muser/sample.h"
+#include "logit_keys.cuh"
 #include "tile_reduce.cuh"
 
 namespace muser::cuda {
 
 namespace {
 
-constexpr unsigned kNoId = 0xFFFFFFFFu;
-
-// (z, id) as one key whose larger value is earlier in the kept-set order
-// (sample_before: larger z, then lower id); finite z only.
-__device__ __forceinline__ unsigned long long order_key(float z, unsigned id) {
-  unsigned u = __float_as_uint(z);
-  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  if (z == 0.0f) u = 0x80000000u;  // -0 and +0 are one value
-  return ((unsigned long long)u << 32) | (kNoId - id);
-}
-__device__ __forceinline__ unsigned key_id(unsigned long long key) { return kNoId - (unsigned)key; }
-
-__device__ __forceinline__ unsigned long long warp_max(unsigned long long v) {
-  for (int off = 16; off >= 1; off >>= 1) {
-    const unsigned long long o = __shfl_xor_sync(0xffffffffu, v, off);
-    v = o > v ? o : v;
-  }
-  return v;
-}
-
 // The row's largest z (the top token is always kept): its z, 0 without one.
 __device__ __forceinline__ float row_top_z(const SampleKargs& a, int64_t k) {
   const unsigned long long key = a.rows[k].top_key;
-  return key ? a.z[k * a.V + key_id(key)] : 0.0f;
+  return key ? a.z[k * a.V + logit_key_id(key)] : 0.0f;
 }
 
 // Whether (z, id) is kept by the row's order cut.
@@ -77,7 +58,7 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
   const float neg_inf = lse_neg_inf();
   float v[kStepsPerThread];
   unsigned long long top = 0;
-  unsigned bad = 0, finite = 0;  // bad: kNoId - the lowest bad id, 0 for none
+  unsigned bad = 0, finite = 0;  // bad: 0xFFFFFFFF - the lowest bad id (as a key's low word), 0 for none
 #pragma unroll
   for (int j = 0; j < kStepsPerThread; ++j) {
     const int i = tile_step_index(j);
@@ -97,7 +78,7 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
         ok = true;  // a -inf logit is a token of probability 0: it stays out
       }
       if (!ok) {
-        const unsigned b = kNoId - (unsigned)id;
+        const unsigned b = 0xFFFFFFFFu - (unsigned)id;
         bad = b > bad ? b : bad;
         w = neg_inf;
       }
@@ -105,7 +86,7 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
     z[id] = w;
     if (w != neg_inf) {
       ++finite;
-      const unsigned long long key = order_key(w, (unsigned)id);
+      const unsigned long long key = logit_key(w, id);
       top = key > top ? key : top;
     }
   }
@@ -145,12 +126,12 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
   r = SampleResult{kSampleOk, 0, 0.0f, 0.0f, 0.0f};
   if (bad_key) {
     r.status = kSampleNonFinite;
-    r.token = (int32_t)(kNoId - bad_key);
+    r.token = (int32_t)logit_key_id(bad_key);
   } else if (!top_key) {
     r.status = kSampleEmpty;
     r.token = -1;
   } else if (!(p.temperature > 0.0f)) {  // greedy: the kept set is the top token alone (sample_raw_side)
-    r.token = (int32_t)key_id(top_key);
+    r.token = (int32_t)logit_key_id(top_key);
     const float xt = x[r.token];
     const float d = xt - lse;
     r.logprob = xt - lse;
@@ -176,7 +157,7 @@ __global__ void sample_order_keys_kernel(SampleKargs a, int row0, int rows) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.V; i += (int64_t)gridDim.x * blockDim.x) {
     const float zi = z[i];
     unsigned long long key = row_bits;
-    if (zi != lse_neg_inf()) key |= ((order_key(zi, 0u) >> 32) << a.id_bits) | (a.id_mask - (unsigned)i);
+    if (zi != lse_neg_inf()) key |= ((logit_key(zi, 0) >> 32) << a.id_bits) | (a.id_mask - (unsigned)i);
     a.keys[r * a.V + i] = key;
   }
 }
@@ -221,7 +202,7 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
   // first): a token below it cannot win, so its clock is never drawn
   float z_floor = lse_neg_inf();
   if (kFinal && row.top_key) {
-    const int top = (int)key_id(row.top_key);
+    const int top = (int)logit_key_id(row.top_key);
     z_floor = race_z_floor(sample_race_key(m, m, p.seed, position, top));
   }
   const bool z_pair = !kFinal || a.kept_z_pair, raw_pair = kFinal && a.kept_raw_pair;
@@ -243,8 +224,8 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
       if (raw_pair) xk[j] = x[id];
       if (zi - m < z_floor) continue;
       const float key = sample_race_key(zi, m, p.seed, position, id);
-      const unsigned long long packed = ((unsigned long long)__float_as_uint(key) << 32) | (kNoId - (unsigned)id);
-      race = packed > race ? packed : race;  // keys are >= 0: their bits order as they do
+      const unsigned long long packed = logit_key(key, id);  // ranked as a logit: larger, then lower id
+      race = packed > race ? packed : race;
     }
   }
   if (kFinal) {
@@ -277,7 +258,7 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
   SampleResult& out = a.out[k];
   if (out.status != kSampleOk) return;  // sample_prep's verdict stands
   const unsigned long long race_key = __ldcg(&r.race_key);
-  out.token = (int32_t)key_id(race_key);
+  out.token = (int32_t)logit_key_id(race_key);
   out.processed_logprob = z[out.token] - (z_pair ? lse_value(kept_pair) : r.row_lse);
   const float d = (raw_pair ? lse_value(raw_root) : r.row_lse) - r.row_lse;  // sample_raw_side
   out.logprob = x[out.token] - r.row_lse;

@@ -1,11 +1,9 @@
 // argmax / top-k over each row of logits on the device, so only the winners
 // travel to the host.
 //
-// Order: a logit and its token id become one 64-bit key, the float's bits
-// made monotonic in the high word (NaN lowest, -0 folded onto +0) and
-// 0xFFFFFFFF - id in the low word: a larger key is a better token, ties go to
-// the lowest id, NaN never beats a number -- the CPU's argmax_rows/topk_rows
-// rule. Keys are distinct, so "the largest key below the last one taken" walks
+// Order: a logit and its token id become one 64-bit key (logit_keys.cuh): a
+// larger key is a better token, ties go to the lowest id, NaN never beats a
+// number -- the CPU's argmax_rows/topk_rows rule. Keys are distinct, so "the largest key below the last one taken" walks
 // the ranking without marking anything.
 //
 // Thread mapping: a CTA of 256 threads holds a chunk of 2048 keys of one row
@@ -17,6 +15,7 @@
 
 #include "cuda_check.h"
 #include "kernels.h"
+#include "logit_keys.cuh"
 
 namespace muser::cuda {
 
@@ -26,18 +25,10 @@ constexpr int kTopkThreads = 256;
 constexpr int kTopkItems = 8;
 constexpr int kTopkChunk = kTopkThreads * kTopkItems;
 
-__device__ __forceinline__ unsigned long long logit_key(float v, int64_t id) {
-  const unsigned low = 0xFFFFFFFFu - (unsigned)id;
-  if (v != v) return low;  // NaN: below every number
-  uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v);
-  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-  return ((unsigned long long)b << 32) | low;
-}
 
 template <bool kFromLogits>
 __global__ void topk_stage_kernel(const float* logits, const unsigned long long* keys_in, int64_t n, int k,
                                   unsigned long long* keys_out) {
-  __shared__ unsigned long long warp_best[kTopkThreads / 32];
   const int64_t row = blockIdx.y, chunk = blockIdx.x;
   const int64_t base = chunk * kTopkChunk;
   unsigned long long item[kTopkItems];
@@ -55,16 +46,7 @@ __global__ void topk_stage_kernel(const float* logits, const unsigned long long*
 #pragma unroll
     for (int i = 0; i < kTopkItems; ++i)
       if (item[i] < limit && item[i] > best) best = item[i];
-    for (int off = 16; off >= 1; off >>= 1) {
-      const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
-      best = o > best ? o : best;
-    }
-    if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = best;
-    __syncthreads();
-    best = 0;
-#pragma unroll
-    for (int w = 0; w < kTopkThreads / 32; ++w) best = warp_best[w] > best ? warp_best[w] : best;
-    __syncthreads();
+    best = cta_max<kTopkThreads>(best);
     if (threadIdx.x == 0) out[pass] = best;
     limit = best;
   }
@@ -75,7 +57,7 @@ __global__ void topk_finish_kernel(const float* logits, int64_t V, const unsigne
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= t * k) return;
   const int row = i / k;
-  const int64_t id = (int64_t)(0xFFFFFFFFu - (unsigned)(keys[i] & 0xFFFFFFFFull));
+  const int64_t id = (int64_t)logit_key_id(keys[i]);
   ids[i] = id;
   vals[i] = logits[row * V + id];
 }
@@ -118,21 +100,6 @@ constexpr int kSelRankKeys = 512;      // candidates ranked directly (more: a ra
 
 int64_t sel_chunks(int64_t V) { return (V + kSelChunk - 1) / kSelChunk; }
 
-// The largest of each thread's `best` over the CTA (every thread gets it).
-__device__ unsigned long long cta_max(unsigned long long best) {
-  __shared__ unsigned long long warp_best[kSelThreads / 32];
-  for (int off = 16; off >= 1; off >>= 1) {
-    const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
-    best = o > best ? o : best;
-  }
-  if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = best;
-  __syncthreads();
-  best = 0;
-#pragma unroll
-  for (int w = 0; w < kSelThreads / 32; ++w) best = warp_best[w] > best ? warp_best[w] : best;
-  __syncthreads();
-  return best;
-}
 
 // Whether this CTA is the last of the row's `ctas` to get here (its writes before are visible to that one).
 __device__ bool last_of_row(unsigned* done, unsigned ctas) {
@@ -145,7 +112,7 @@ __device__ bool last_of_row(unsigned* done, unsigned ctas) {
 }
 
 __device__ int64_t key_id_d(unsigned long long key) {
-  return (int64_t)(0xFFFFFFFFu - (unsigned)(key & 0xFFFFFFFFull));
+  return (int64_t)logit_key_id(key);
 }
 
 // best[row][chunk] = the chunk's best key; the row's last CTA then writes either
@@ -165,7 +132,7 @@ __global__ void chunk_best_kernel(const float* logits, int64_t V, int k, unsigne
       best = key > best ? key : best;
     }
   }
-  best = cta_max(best);
+  best = cta_max<kSelThreads>(best);
   unsigned long long* row_best = best_out + row * chunks;
   if (threadIdx.x == 0) row_best[blockIdx.x] = best;
   if (!last_of_row(done + row, chunks)) return;
@@ -175,7 +142,7 @@ __global__ void chunk_best_kernel(const float* logits, int64_t V, int k, unsigne
       const unsigned long long v = __ldcg(row_best + c);
       b = v > b ? v : b;
     }
-    b = cta_max(b);
+    b = cta_max<kSelThreads>(b);
     if (threadIdx.x == 0) {
       ids[row] = key_id_d(b);
       done[row] = 0;
