@@ -17,20 +17,14 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 
+from muser._bench_util import median_call_seconds
+
 
 def clock(fn, reps: int, warmup: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        s = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - s)
-    return float(statistics.median(times))
+    return median_call_seconds(fn, reps, warmup)
 
 
 def main() -> int:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+import statistics
+import time
+from typing import Any, Callable
 
 
 def write_json(results: Any, dest: str, indent: int = 1) -> None:
@@ -13,3 +15,15 @@ def write_json(results: Any, dest: str, indent: int = 1) -> None:
     else:
         with open(dest, "w") as f:
             f.write(text + "\n")
+
+
+def median_call_seconds(fn: Callable[[], Any], reps: int, warmup: int) -> float:
+    """The median host-clock seconds of ``reps`` calls of ``fn`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        s = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - s)
+    return float(statistics.median(times))

@@ -32,6 +32,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ._bench_util import median_call_seconds
+
 SEED_SHAPE = dict(hidden=6656, vocab=202048, weight_type="Q5_K")  # the seed's head, 924,571,648 bytes
 SWEEP_TOKENS = "1,2,4,8,16,32,64,128,256"  # --tokens sweep: decoding, speculative checks, batches, scoring
 
@@ -88,14 +90,7 @@ def time_route(head: Any, x_host: np.ndarray, x_dev: Any, warmup: int, reps: int
     import torch
 
     def per_call(fn) -> float:  # what a caller waits, by the host clock
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(reps):
-            s = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - s)
-        return _median(times)
+        return median_call_seconds(fn, reps, warmup)
 
     return {"route_s": route, "route_held_s": route_held, "nodes_sum_s": _median(totals), "lm_head_s": _median(matvec),
             "call_s": _median(calls), "nodes": {k: _median(v) for k, v in per_label.items()},
