@@ -312,10 +312,11 @@ void bind_device(nb::module_& m) {
     const int64_t V = h->spec().vocab;
     if ((int64_t)positions.shape(0) != t)
       throw ArgValueError("positions must hold one value per row (" + std::to_string(t) + ")");
+    const SampleInputs inputs = sample_inputs(seed, temperature, top_k, top_p, min_p, bias, allowed, V);
     SampleRequest req;
-    req.params = params_of(seed, temperature, top_k, top_p, min_p, V);
-    req.bias = bias_ptr(bias, V);
-    req.allowed = allowed_ptr(allowed, V);
+    req.params = inputs.params;
+    req.bias = inputs.bias;
+    req.allowed = inputs.allowed;
     req.positions = positions.data();
     std::vector<SampleResult> res((size_t)t);
     bool drawn = false;

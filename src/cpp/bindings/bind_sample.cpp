@@ -50,9 +50,7 @@ void bind_sample(nb::module_& m) {
           if ((int64_t)positions.shape(0) != t)
             throw ArgValueError("positions must hold one value per row (" + std::to_string(t) + ")");
           if (V < 1 || V > INT32_MAX) throw ArgValueError("logits must have 1 .. 2^31-1 columns");
-          const SampleParams p = params_of(seed, temperature, top_k, top_p, min_p, V);
-          const float* b = bias_ptr(bias, V);
-          const uint8_t* a = allowed_ptr(allowed, V);
+          const auto [p, b, a] = sample_inputs(seed, temperature, top_k, top_p, min_p, bias, allowed, V);
           cpu::check_threads(threads);
           std::vector<float> lse((size_t)t);
           std::vector<SampleResult> res((size_t)t);
@@ -79,9 +77,7 @@ void bind_sample(nb::module_& m) {
           const int64_t V = (int64_t)logits.shape(0), n = (int64_t)positions.shape(0);
           if (n < 1) throw ArgValueError("positions must not be empty");
           if (V < 1 || V > INT32_MAX) throw ArgValueError("logits must have 1 .. 2^31-1 values");
-          const SampleParams p = params_of(seed, temperature, top_k, top_p, min_p, V);
-          const float* b = bias_ptr(bias, V);
-          const uint8_t* a = allowed_ptr(allowed, V);
+          const auto [p, b, a] = sample_inputs(seed, temperature, top_k, top_p, min_p, bias, allowed, V);
           cpu::check_threads(threads);
           std::vector<int64_t> tokens((size_t)n);
           SampleResult first;

@@ -39,6 +39,17 @@ inline SampleParams params_of(uint64_t seed, float temperature, int top_k, float
   return SampleParams{temperature, (int32_t)top_k, top_p, min_p, seed};
 }
 
+// A draw's parameters, bias and mask from a binding's arguments.
+struct SampleInputs {
+  SampleParams params;
+  const float* bias;
+  const uint8_t* allowed;
+};
+inline SampleInputs sample_inputs(uint64_t seed, float temperature, int top_k, float top_p, float min_p,
+                                  const std::optional<Row>& bias, const std::optional<Mask>& allowed, int64_t V) {
+  return SampleInputs{params_of(seed, temperature, top_k, top_p, min_p, V), bias_ptr(bias, V), allowed_ptr(allowed, V)};
+}
+
 // Drawn rows as the arrays the Python layer takes: (tokens int64, logprobs,
 // processed_logprobs, kept_mass), each [t] (the rows' statuses already checked).
 inline nanobind::tuple sample_arrays(const std::vector<SampleResult>& res) {
