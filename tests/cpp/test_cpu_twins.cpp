@@ -11,19 +11,13 @@
 
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
+#include "simd_isas.h"
 #include "random_blocks.h"
 
 using namespace muser;
 
 namespace {
 
-
-std::vector<cpu::Isa> simd_isas() {
-  std::vector<cpu::Isa> out;
-  for (cpu::Isa i : cpu::available_isas())
-    if (i != cpu::Isa::Scalar) out.push_back(i);
-  return out;
-}
 
 bool kquant(GgmlType t) { return t == GgmlType::Q5_K || t == GgmlType::Q4_K || t == GgmlType::Q6_K; }
 

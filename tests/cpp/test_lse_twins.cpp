@@ -13,18 +13,12 @@
 
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
+#include "simd_isas.h"
 #include "muser/logsumexp.h"
 
 using namespace muser;
 
 namespace {
-
-std::vector<cpu::Isa> simd_isas() {
-  std::vector<cpu::Isa> out;
-  for (cpu::Isa i : cpu::available_isas())
-    if (i != cpu::Isa::Scalar) out.push_back(i);
-  return out;
-}
 
 const float kInf = std::numeric_limits<float>::infinity();
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
