@@ -15,7 +15,8 @@ if ! python3 -c "import pytest, gguf, ml_dtypes, mypy" 2> /dev/null; then
   echo "tests/run.sh: installing pytest, gguf, ml_dtypes and mypy (pip)"
   python3 -m pip install -q pytest "gguf>=0.10" ml_dtypes mypy
 fi
-if ! cmake --find-package -DNAME=GTest -DCOMPILER_ID=GNU -DLANGUAGE=CXX -DMODE=EXIST > /dev/null 2>&1 &&
+# (cmake --find-package writes a CMakeFiles/ folder where it runs: a scratch folder, not the tree)
+if ! (cd "$(mktemp -d)" && cmake --find-package -DNAME=GTest -DCOMPILER_ID=GNU -DLANGUAGE=CXX -DMODE=EXIST) > /dev/null 2>&1 &&
    [ ! -e /usr/include/gtest/gtest.h ]; then
   if command -v apt-get > /dev/null && [ "$(id -u)" = 0 ]; then
     echo "tests/run.sh: installing GoogleTest (apt-get install libgtest-dev)"
