@@ -4,6 +4,7 @@ runs in C++ (src/cpp/muser/sample.h, rows in parallel on the CPU)."""
 from __future__ import annotations
 
 import math
+import struct
 from numbers import Integral, Real
 from typing import Any, NamedTuple, Optional
 
@@ -13,6 +14,7 @@ from . import _core
 
 _U64_LIMIT = 1 << 64
 _F32_MAX = float(np.finfo(np.float32).max)
+_F32 = struct.Struct("f")
 
 
 class Sample(NamedTuple):
@@ -35,13 +37,25 @@ class _Params(NamedTuple):
     allowed: Optional[np.ndarray]  # bool [V]
 
 
+def _f32(value: float) -> float:
+    """``value`` rounded to float32 once (an overflow gives inf, as numpy's cast)."""
+    try:
+        return _F32.unpack(_F32.pack(value))[0]
+    except OverflowError:
+        return float(np.float32(value))
+
+
 def _real(name: str, value: Any) -> float:
+    if type(value) is float:  # the common case, without the numbers ABC's isinstance
+        return value
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     return float(value)
 
 
 def _int(name: str, value: Any) -> int:
+    if type(value) is int:
+        return value
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     return int(value)
@@ -95,7 +109,7 @@ def check_params(V: int, *, seed: Any, positions: Any, temperature: Any, top_k: 
     t = _real("temperature", temperature)
     if not (math.isfinite(t) and t >= 0.0):
         raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature}")
-    if t > 0.0 and np.float32(t) == 0.0:
+    if t > 0.0 and _f32(t) == 0.0:
         raise ValueError(f"temperature {temperature} rounds to 0 in float32: pass 0 for greedy or a larger value")
     k = _int("top_k", top_k)
     if not 0 <= k <= V:
@@ -116,8 +130,7 @@ def check_params(V: int, *, seed: Any, positions: Any, temperature: Any, top_k: 
         s = _int("seed", seed)
         if not 0 <= s < _U64_LIMIT:
             raise ValueError(f"seed must be in [0, 2^64), got {seed}")
-    return _Params(float(np.float32(t)), k, float(np.float32(p)), float(np.float32(mp)), s,
-                   _bias(logit_bias, V), _allowed(allowed, V))
+    return _Params(_f32(t), k, _f32(p), _f32(mp), s, _bias(logit_bias, V), _allowed(allowed, V))
 
 
 def check_positions(positions: Any, t: int, single: bool) -> np.ndarray:
@@ -163,8 +176,8 @@ def sample_logits(logits: np.ndarray, single: bool, params: _Params, positions: 
 def sample_result(drawn: Any, single: bool) -> Sample:
     """A :class:`Sample` of an engine's ``(tokens, logprobs, processed_logprobs, kept_mass)``."""
     tokens, lp, plp, mass = drawn
-    tokens = np.asarray(tokens, np.int64).reshape(-1)
-    lp, plp, mass = (np.asarray(a, np.float32).reshape(-1) for a in (lp, plp, mass))
     if single:
         return Sample(int(tokens[0]), float(lp[0]), float(plp[0]), float(mass[0]))
+    tokens = np.asarray(tokens, np.int64).reshape(-1)
+    lp, plp, mass = (np.asarray(a, np.float32).reshape(-1) for a in (lp, plp, mass))
     return Sample(tokens, lp, plp, mass)

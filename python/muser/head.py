@@ -550,7 +550,7 @@ class Head:
 
     def _device_inputs(self, hidden: Any) -> tuple[Optional[np.ndarray], int, int, bool]:
         """_inputs for a reduction whose results stay in device memory (``on_device=True``)."""
-        if self._pinned is not None or self._shard is not None or not self.caps["resident_logits"]:
+        if self._pinned is not None or self._shard is not None or not self._caps["resident_logits"]:
             raise ValueError("on_device=True needs an unsharded head on a device with memory of its own; "
                              f"this head runs on {self.device!r}"
                              + (" (sharded)" if self._shard is not None else "")
@@ -559,7 +559,7 @@ class Head:
 
     def _device_result(self, view: tuple, shape: tuple, dtype: Any) -> "DeviceArray":
         """A :class:`muser.DeviceArray` of an engine's ``(DLPack ndarray, address)``."""
-        return _device.DeviceArray(view[0], view[1], shape, self._core, dtype=dtype)
+        return _device.DeviceArray(view[0], view[1], shape, self._core, self._caps, dtype=dtype)
 
     def _inputs(self, hidden: Any) -> tuple[Optional[np.ndarray], int, int, bool]:
         """``(host rows or None, device address, t, single)`` of a validated hidden state."""
@@ -569,19 +569,22 @@ class Head:
         return _device._inputs(self, hidden)
 
     def _reduce(self, hidden: Any, inputs: tuple[Optional[np.ndarray], int, int, bool], grid: np.ndarray,
-                check_finite: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                check_finite: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The vocabulary reduction of the route's logits for ids ``grid`` [t, m] (m may be 0):
-        ``(values [t, m], ranks [t, m], lse [t])``."""
+        ``(values [t, m], ranks [t, m], lse [t], logprobs [t, m])``."""
         rows, ptr, t, _ = inputs
+        if self._shard is None and self._pinned is None:  # the device's own reduction: its arrays as they are
+            vals, ranks, lse, lp = _core.device_score(self._core, rows, ptr, t, grid, check_finite)
+            return vals, ranks, lse.reshape(t), lp
         if self._shard is not None:  # every shard's summaries, exchanged (muser.shard)
-            return _shard.reduce(self, hidden, grid, check_finite)
-        if self._pinned is not None:  # llama.cpp's logits: reduced on the host
+            vals, ranks, lse = _shard.reduce(self, hidden, grid, check_finite)
+        else:  # route="pinned": llama.cpp's logits, reduced on the host
             logits = self(rows if rows is not None else hidden, check_finite=check_finite).reshape(t, -1)
             _, vals, ranks, lse = _core.score_rows(logits, grid, self._threads)
-        else:
-            vals, ranks, lse, _ = _core.device_score(self._core, rows, ptr, t, grid, check_finite)
-        return (np.asarray(vals, np.float32).reshape(t, -1), np.asarray(ranks, np.int64).reshape(t, -1),
-                np.asarray(lse, np.float32).reshape(t))
+        vals = np.asarray(vals, np.float32).reshape(t, -1)
+        lse = np.asarray(lse, np.float32).reshape(t)
+        lp = (vals - lse[:, None]).astype(np.float32)  # logit - logsumexp: log_softmax's one subtraction
+        return vals, np.asarray(ranks, np.int64).reshape(t, -1), lse, lp
 
     def log_softmax(self, hidden: Any, *, out: Optional[np.ndarray] = None, check_finite: bool = True,
                     on_device: bool = False) -> Any:
@@ -599,7 +602,7 @@ class Head:
                 _, _, t, single = self._inputs(hidden)
                 self._check_out(out, t, single)
             return _shard.log_softmax(self, hidden, out, check_finite)
-        if self._pinned is None and self.caps["resident_logits"]:
+        if self._pinned is None and self._caps["resident_logits"]:
             return _device.call(self, hidden, on_device=on_device, out=out, check_finite=check_finite,
                                 log_softmax=True)
         if on_device:
@@ -652,11 +655,10 @@ class Head:
                                                 list(shape), list(lse_shape))
             return Scores(self._device_result(dp, shape, np.float32), self._device_result(dv, shape, np.float32),
                           self._device_result(dr, shape, np.int64), self._device_result(dl, lse_shape, np.float32))
-        vals, ranks, lse = self._reduce(hidden, inputs, grid, check_finite)
-        lp = (vals - lse[:, None]).astype(np.float32)  # logit - logsumexp: log_softmax's one subtraction
-        vals, ranks, lp = vals.reshape(shape), ranks.reshape(shape), lp.reshape(shape)
+        vals, ranks, lse, lp = self._reduce(hidden, inputs, grid, check_finite)
         if single and ids.ndim == 0:
-            return Scores(float(lp), float(vals), int(ranks), float(lse[0]))
+            return Scores(float(lp[0, 0]), float(vals[0, 0]), int(ranks[0, 0]), float(lse[0]))
+        vals, ranks, lp = vals.reshape(shape), ranks.reshape(shape), lp.reshape(shape)
         return Scores(lp, vals, ranks, float(lse[0]) if single else lse)
 
     def sample(self, hidden: Any, *, seed: Optional[int] = None, positions: Any = None, temperature: float = 1.0,
@@ -683,7 +685,7 @@ class Head:
             return _shard.sample(self, hidden, p, positions, check_finite)
         if on_device:
             self._device_inputs(hidden)  # refuses a head without device memory of its own
-        if self._pinned is None and self.caps.get("sample_on_device"):
+        if self._pinned is None and self._caps.get("sample_on_device"):
             rows, ptr, t, single = self._inputs(hidden)
             pos = _sampling.check_positions(positions, t, single)
             shape = () if single else (t,)
