@@ -342,16 +342,29 @@ def test_on_device_needs_a_cuda_head(head_file):
         cpu(hidden_states(SHAPES["Q5_K"], 1), on_device=True)
 
 
+@pytest.mark.parametrize("acts", ("q8", "f32"))
 @pytest.mark.parametrize("route", ("graph", "canonical", "fused"))
-def test_cuda_plans_only_the_fusions_it_has_kernels_for(head_file, route):
-    # the route allows norm+γ (and on fused/canonical matvec+epilogue); CUDA has no fused kernel for
-    # either (its kernels overlap through PDL instead), so every step is one node and the profile says so
-    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts="q8")
-    assert gpu.steps == [(label,) for label, _ in gpu.nodes]
+def test_cuda_plans_only_the_fusions_it_has_kernels_for(head_file, route, acts):
+    # the route allows norm+γ (and on fused/canonical matvec+epilogue); CUDA has one fused kernel:
+    # the q8 matvec storing through the fused route's soft cap. Every other step is one node, the
+    # profile says which, and fusing changes no byte -- neither where the matvec applies the cap
+    # (t <= 16) nor where its larger token tiles leave the cap to a kernel of its own (t = 20)
+    gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts=acts)
+    labels = [label for label, _ in gpu.nodes]
+    fused = route == "fused" and acts == "q8"
+    expected = [(label,) for label in labels]
+    if fused:
+        at = labels.index("lm_head")
+        assert at == len(labels) - 2, labels  # the fused route's one soft-cap node follows the matvec
+        expected[at:] = [tuple(labels[at:])]
+    assert gpu.steps == expected
     x = hidden_states(SHAPES["Q5_K"], 3, seed=61)
-    assert [p.label for p in gpu.profile(x)] == [label for label, _ in gpu.nodes]
-    assert_bitwise(gpu(x), muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts="q8", fuse=False)(x),
-                   route)
+    assert [p.label for p in gpu.profile(x)] == ["+".join(step) for step in expected]
+    apart = muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts=acts, fuse=False)
+    assert apart.steps == [(label,) for label in labels]
+    for t in (1, 3, 20):
+        x = hidden_states(SHAPES["Q5_K"], t, seed=61 + t)
+        assert_bitwise(gpu(x), apart(x), f"{route}/{acts} t={t}")
 
 
 # ---- how a call runs: the route as one cached CUDA graph with programmatic dependent launches ----

@@ -199,12 +199,40 @@ struct Scratch {
   }
 };
 
-// What this backend fuses: nothing yet. Its kernels overlap through PDL
-// instead; a fused norm + γ kernel (one CTA per row) was measured 1.5 %
-// slower on the q8 route at t = 1 (docs/performance.md, "Fusion on CUDA").
-bool cuda_fusable(NodeKind, NodeKind) { return false; }
-
 bool is_q8(NodeKind k) { return k == NodeKind::MatvecQ8 || k == NodeKind::MatvecQ8Reference; }
+
+// An element-wise node as the kernels that apply it on a logit take it (EpilogueOp::None: not one).
+EpilogueFold epilogue_fold(const Node& n) {
+  EpilogueFold f;
+  switch (n.kind) {
+    case NodeKind::Scale: f.op = EpilogueOp::Scale; break;
+    case NodeKind::Tanh: f.op = EpilogueOp::Tanh; break;
+    case NodeKind::SoftcapFused: f.op = EpilogueOp::SoftcapFused; break;
+    case NodeKind::SoftcapReference: f.op = EpilogueOp::SoftcapReference; break;
+    case NodeKind::SoftcapCanon: f.op = EpilogueOp::SoftcapCanon; break;
+    default: return f;
+  }
+  f.f0 = n.f0;
+  f.f1 = n.f1;
+  f.f2 = n.f2;
+  return f;
+}
+
+// What this backend fuses: the q8 matvec and the element-wise node after it,
+// where the route allows it (the fused route's one soft-cap node; graph keeps
+// its nodes): the matvec applies the node's own function (epilogue.cuh) as it
+// stores each logit, so the bytes stay the epilogue kernel's and the route has
+// one kernel fewer. Not the canonical soft cap: its longer code made the q8
+// kernels at their register limit spill (Q6_K, t <= 8), so it stays a node
+// (and the consumer kernels fold it: folded_epilogue). The norm and γ stay
+// apart: a fused norm + γ kernel (one CTA per row) was measured 1.5 % slower
+// on the q8 route at t = 1 (docs/performance.md, "Fusion on CUDA").
+bool cuda_fusable(NodeKind a, NodeKind b) {
+  Node n;
+  n.kind = b;
+  const EpilogueOp op = epilogue_fold(n).op;
+  return is_q8(a) && op != EpilogueOp::None && op != EpilogueOp::SoftcapCanon;
+}
 
 class CudaDevice final : public Device {
  public:
@@ -523,11 +551,13 @@ class CudaDevice final : public Device {
   // The route in groups of tokens (Device::score): the norm and the
   // activations once, then for each group of g tokens the matvec over every
   // row into a scratch of g x V logits (at most kVocabScratchBytes, or one
-  // row), the element-wise nodes and one vocab_reduce launch (the tiles' pairs,
-  // the rank counts and each row's finish). g is a multiple of 64 tokens when
-  // the scratch holds 64 rows, so the weight is read as often as the plain call
-  // reads it. The kernels run as one CUDA graph per shape; the ids go up and the
-  // results come down through pinned memory: one upload, one launch, one download.
+  // row), the element-wise nodes (or the one node, folded into the reduction)
+  // and one vocab_reduce launch (the tiles' pairs, the rank counts and each
+  // row's finish). g is a multiple of 64 tokens when the scratch holds 64 rows,
+  // so the weight is read as often as the plain call reads it. The kernels run
+  // as one CUDA graph per shape, the NaN scan of a device hidden state beside
+  // the route; the ids are read from and the results written to mapped pinned
+  // memory by the kernels themselves: no copy node, one launch, one synchronize.
   void score(const float* hidden, bool hidden_on_device, int t, VocabScores& out) override {
     if (t < 1) throw ArgValueError("t must be >= 1");
     DeviceScope scope(ordinal_);
@@ -537,42 +567,52 @@ class CudaDevice final : public Device {
     normed_.ensure(xbytes, ordinal_, "normed hidden states");
     if (q8_) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
     const int group = std::min<int64_t>(t, score_group_tokens(V));
-    // pinned in: ids [t*m] (int64); out: vocab_scores_layout's arrays | first non-finite hidden
+    // mapped in: ids [t*m] (int64); mapped out: the first non-finite hidden | vocab_scores_layout's arrays
+    // (these in device memory instead when they stay there)
     const size_t in_bytes = (size_t)n_ids * 8;
     const VocabScoresLayout at = vocab_scores_layout(t, m);
-    const size_t bad_at = at.bytes, out_bytes = bad_at + 8;
     const bool check_x = out.check_hidden && hidden_on_device;
-    auto* in_host = static_cast<uint8_t*>(score_in_host_.ensure(std::max<size_t>(in_bytes, 8)));
-    auto* out_host = static_cast<uint8_t*>(score_out_host_.ensure(out_bytes));
-    std::memcpy(in_host, out.ids, in_bytes);
-    auto* in_dev = static_cast<uint8_t*>(score_ids_.ensure(std::max<size_t>(in_bytes, 8), ordinal_, "chosen token ids"));
-    auto* out_dev = static_cast<uint8_t*>(score_out_.ensure(out_bytes, ordinal_, "scores"));
+    score_in_.ensure(std::max<size_t>(in_bytes, 8));
+    std::memcpy(score_in_.host, out.ids, in_bytes);
+    // a short reduction grid reads the ids across the bus; a long one from device memory (kShortGridCtas)
+    const bool ids_mapped = (V + kLseTile - 1) / kLseTile * group <= kShortGridCtas;
+    const auto* ids = reinterpret_cast<const int64_t*>(
+        ids_mapped ? score_in_.dev : static_cast<uint8_t*>(score_ids_.ensure(score_in_.bytes, ordinal_, "token ids")));
+    if (!ids_mapped && in_bytes)
+      check(cudaMemcpyAsync(const_cast<int64_t*>(ids), score_in_.host, in_bytes, cudaMemcpyHostToDevice, stream_),
+            "upload of token ids");
+    score_results_.ensure(8 + at.bytes);
+    uint8_t* out_dev = out.keep_on_device ? static_cast<uint8_t*>(score_out_.ensure(at.bytes, ordinal_, "scores"))
+                                          : score_results_.dev + 8;
     score_chunk_.ensure((size_t)group * V * 4, ordinal_, "a group's logits");
     score_reduce_.ensure(group, (int)m, V, ordinal_, stream_);
 
-    if (in_bytes)
-      check(cudaMemcpyAsync(in_dev, in_host, in_bytes, cudaMemcpyHostToDevice, stream_), "upload of token ids");
-    const ScoreKey key{t, (int)m, group, check_x, x, in_dev, out_dev, score_chunk_.mem->ptr, score_reduce_.pairs.mem->ptr,
-                       score_reduce_.acc.mem->ptr, q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr, out_host};
+    const ScoreKey key{t, (int)m, group, check_x, x, ids, out_dev, score_results_.dev,
+                       score_chunk_.mem->ptr, score_reduce_.pairs.mem->ptr, score_reduce_.acc.mem->ptr,
+                       q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr};
     if (!score_graph_.exec || !(score_graph_.key == key)) {
       score_graph_.reset();
-      score_graph_.exec = instantiate(
-          capture_stream([&] {
-            if (check_x) cuda::find_nonfinite(x, (int64_t)t * H, reinterpret_cast<unsigned long long*>(out_dev + bad_at),
-                                            stream_);
-            enqueue_score(x, t, m, group, in_dev, out_dev, out_host, out_bytes);
-          }),
-          "cudaGraphInstantiate (score)");
+      score_graph_.exec = instantiate(capture_stream([&] {
+                                        auto* bad = reinterpret_cast<unsigned long long*>(score_results_.dev);
+                                        if (check_x) fork_scan(x, (int64_t)t * H, bad);
+                                        enqueue_score(x, t, m, group, ids, out_dev);
+                                        if (check_x) join_scan();
+                                      }),
+                                      "cudaGraphInstantiate (score)");
       score_graph_.key = key;
     }
     check(cudaGraphLaunch(score_graph_.exec, stream_), "cudaGraphLaunch (score)");
     check(cudaStreamSynchronize(stream_), "score (synchronize)");
-    std::memcpy(out.lse, out_host, (size_t)t * 4);
-    std::memcpy(out.values, out_host + at.values, (size_t)n_ids * 4);
-    std::memcpy(out.logprobs, out_host + at.logprobs, (size_t)n_ids * 4);
-    std::memcpy(out.ranks, out_host + at.ranks, (size_t)n_ids * 8);
-    out.first_nonfinite = check_x ? first_bad_index(out_host + bad_at, (int64_t)t * H) : -1;
-    if (out.keep_on_device && out.first_nonfinite < 0) out.device_out = device_copy(out_dev, at.bytes, "scores");
+    out.first_nonfinite = check_x ? first_bad_index(score_results_.host, (int64_t)t * H) : -1;
+    if (out.keep_on_device) {
+      if (out.first_nonfinite < 0) out.device_out = device_copy(out_dev, at.bytes, "scores");
+      return;
+    }
+    const uint8_t* res = score_results_.host + 8;
+    std::memcpy(out.lse, res, (size_t)t * 4);
+    std::memcpy(out.values, res + at.values, (size_t)n_ids * 4);
+    std::memcpy(out.logprobs, res + at.logprobs, (size_t)n_ids * 4);
+    std::memcpy(out.ranks, res + at.ranks, (size_t)n_ids * 8);
   }
 
   // A new device buffer holding n bytes copied from src (device memory), complete on return.
@@ -593,31 +633,35 @@ class CudaDevice final : public Device {
     return std::max<int64_t>(fit, 1);
   }
 
-  // score()'s kernels on the stream (captured into its graph).
-  void enqueue_score(const float* x, int t, int64_t m, int group, const uint8_t* in_dev, uint8_t* out_dev,
-                     uint8_t* out_host, size_t out_bytes) {
+  // score()'s kernels on the stream (captured into its graph): ids [t x m], results at out (vocab_scores_layout).
+  void enqueue_score(const float* x, int t, int64_t m, int group, const int64_t* ids, uint8_t* out) {
     const int64_t H = spec_.hidden, V = spec_.vocab;
     float* normed = static_cast<float*>(normed_.mem->ptr);
-    size_t mv = 0;
-    while (mv < nodes_.size() && !is_matvec(nodes_[mv].kind)) ++mv;
+    const size_t mv = matvec_node();
     for (const Step& st : steps_)
       if (st.first < mv) enqueue(st, x, normed, nullptr, t);
     const NodeKind kind = nodes_[mv].kind;
+    const Step& mstep = step_of(mv);
     Q8Args q = q8_args(t, nullptr);
     if (is_q8(kind)) quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
     const auto* w = static_cast<const uint8_t*>(weight_->ptr);
-    const auto* ids = reinterpret_cast<const int64_t*>(in_dev);
     const VocabScoresLayout at = vocab_scores_layout(t, m);
-    float* lse = reinterpret_cast<float*>(out_dev);
-    auto* values = reinterpret_cast<float*>(out_dev + at.values);
-    auto* logprobs = reinterpret_cast<float*>(out_dev + at.logprobs);
-    auto* ranks = reinterpret_cast<int64_t*>(out_dev + at.ranks);
+    float* lse = reinterpret_cast<float*>(out);
+    auto* values = reinterpret_cast<float*>(out + at.values);
+    auto* logprobs = reinterpret_cast<float*>(out + at.logprobs);
+    auto* ranks = reinterpret_cast<int64_t*>(out + at.ranks);
     auto* y = static_cast<float*>(score_chunk_.mem->ptr);
+    const EpilogueFold fold = folded_epilogue();
     for (int k0 = 0; k0 < t; k0 += group) {
       const int g = std::min(group, t - k0);
-      enqueue_matvec_rows(kind, w, V, normed + (int64_t)k0 * H, is_q8(kind) ? q8_tokens(q, k0, g) : q, g, y, V);
-      for (size_t i = mv + 1; i < nodes_.size(); ++i) enqueue_epilogue(nodes_[i], y, (int64_t)g * V);
+      Q8Args qg = is_q8(kind) ? q8_tokens(q, k0, g) : q;
+      qg.fold = q8_fold(mstep, g);
+      enqueue_matvec_rows(kind, w, V, normed + (int64_t)k0 * H, qg, g, y, V);
+      if (fold.op == EpilogueOp::None)  // the element-wise nodes the matvec did not apply
+        for (size_t i = mstep.first + (qg.fold.op == EpilogueOp::None ? 1 : 2); i < nodes_.size(); ++i)
+          enqueue_epilogue(nodes_[i], y, (int64_t)g * V);
       VocabReduceArgs r = score_reduce_.args(y, V, g, (int)m);
+      r.fold = fold;
       r.ids = ids + (int64_t)k0 * m;
       r.lse = lse + k0;
       r.values = values + (int64_t)k0 * m;
@@ -625,8 +669,49 @@ class CudaDevice final : public Device {
       r.ranks = ranks + (int64_t)k0 * m;
       vocab_reduce(r, stream_);
     }
-    check(cudaMemcpyAsync(out_host, out_dev, out_bytes, cudaMemcpyDeviceToHost, stream_), "download of scores");
   }
+
+  // The index of the route's matvec node.
+  size_t matvec_node() const {
+    size_t mv = 0;
+    while (mv < nodes_.size() && !is_matvec(nodes_[mv].kind)) ++mv;
+    return mv;
+  }
+
+  // The step holding node i.
+  const Step& step_of(size_t i) const {
+    for (const Step& st : steps_)
+      if (i >= st.first && i < st.first + st.count) return st;
+    throw Error("internal: no step holds node " + std::to_string(i));
+  }
+
+  // The element-wise node a q8 matvec step applies itself for t tokens (None: the
+  // step is one node, or its node runs as a kernel after it: kQ8FoldMaxTokens).
+  EpilogueFold q8_fold(const Step& st, int t) const {
+    return st.count == 2 && t <= kQ8FoldMaxTokens ? epilogue_fold(nodes_[st.first + 1]) : EpilogueFold{};
+  }
+
+  // The route's element-wise node after the matvec when it is the only one and
+  // the matvec does not apply it already (the f32 routes' soft cap): a consumer
+  // kernel that reads every logit once applies it as it loads each raw one
+  // instead of a node of its own -- the same function on the same operand, the
+  // same bits. The graph route's separate cap nodes stay nodes. None: nothing to fold.
+  EpilogueFold folded_epilogue() const {
+    const size_t mv = matvec_node();
+    if (step_of(mv).count != 1 || mv + 2 != nodes_.size()) return EpilogueFold{};
+    return epilogue_fold(nodes_.back());
+  }
+
+  // The NaN scan of a device hidden state on a side branch of the graph being
+  // captured, beside the route (first_nonfinite: one CTA writes the first bad
+  // index, or ~0, to `out`, mapped host memory); join_scan joins it at the end.
+  void fork_scan(const float* x, int64_t n, unsigned long long* out) {
+    check(cudaEventRecord(fork_ev_, stream_), "cudaEventRecord (fork)");
+    check(cudaStreamWaitEvent(side_, fork_ev_, 0), "cudaStreamWaitEvent (fork)");
+    first_nonfinite(x, n, out, side_);
+    check(cudaEventRecord(join_ev_, side_), "cudaEventRecord (join)");
+  }
+  void join_scan() { check(cudaStreamWaitEvent(stream_, join_ev_, 0), "cudaStreamWaitEvent (join)"); }
 
   // logits [t x V] -= their rows' logsumexps, in place (lsm_reduce_ and
   // lsm_lse_ sized for t by the caller, before any capture)
@@ -682,21 +767,31 @@ class CudaDevice final : public Device {
     normed_.ensure(xbytes, ordinal_, "normed hidden states");
     if (q8_) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
     const bool check_x = req.check_hidden && hidden_on_device;
-    // pinned in: params | positions [t]; out: results [t] | first non-finite hidden
+    // mapped in: params | positions [t], read by the kernels; mapped out: the first
+    // non-finite hidden | results [t], written by each row's last kernel
     const size_t pos_at = (sizeof(SampleParams) + 7) / 8 * 8, in_bytes = pos_at + (size_t)t * 8;
-    const size_t bad_at = ((size_t)t * sizeof(SampleResult) + 7) / 8 * 8, out_bytes = bad_at + 8;
-    auto* in_host = static_cast<uint8_t*>(sample_in_host_.ensure(in_bytes));
-    auto* out_host = static_cast<uint8_t*>(sample_out_host_.ensure(out_bytes));
-    std::memcpy(in_host, &p, sizeof p);
-    std::memcpy(in_host + pos_at, req.positions, (size_t)t * 8);
-    auto* in_dev = static_cast<uint8_t*>(sample_in_.ensure(in_bytes, ordinal_, "sampling parameters"));
-    auto* out_dev = static_cast<uint8_t*>(sample_out_.ensure(out_bytes, ordinal_, "samples"));
+    sample_in_.ensure(in_bytes);
+    std::memcpy(sample_in_.host, &p, sizeof p);
+    std::memcpy(sample_in_.host + pos_at, req.positions, (size_t)t * 8);
+    // short grids read them across the bus; long ones from device memory (kShortGridCtas)
+    const bool in_mapped = tiles * t <= kShortGridCtas;
+    uint8_t* in = in_mapped ? sample_in_.dev : static_cast<uint8_t*>(sample_in_dev_.ensure(in_bytes, ordinal_, "sampling parameters"));
+    if (!in_mapped)
+      check(cudaMemcpyAsync(in, sample_in_.host, in_bytes, cudaMemcpyHostToDevice, stream_), "upload of sampling parameters");
+    sample_results_.ensure(8 + (size_t)t * sizeof(SampleResult));
+    auto* out_dev = static_cast<uint8_t*>(sample_out_.ensure((size_t)t * sizeof(SampleResult), ordinal_, "samples"));
     auto* logits = static_cast<float*>(sample_logits_.ensure((size_t)t * V * 4, ordinal_, "logits to sample"));
     auto* z = static_cast<float*>(sample_z_.ensure((size_t)t * V * 4, ordinal_, "processed logits"));
     auto* pairs = static_cast<LsePair*>(sample_pairs_.ensure(2 * (size_t)t * tiles * sizeof(LsePair), ordinal_,
                                                              "sampling tile pairs"));
+    // the row state and counters: zero at rest (the kernels leave them so), zeroed once when allocated
     const size_t state_bytes = (size_t)t * (sizeof(SampleRowState) + sizeof(unsigned));
+    const void* had_state = sample_state_.mem ? sample_state_.mem->ptr : nullptr;
     auto* state = static_cast<uint8_t*>(sample_state_.ensure(state_bytes, ordinal_, "sampling row state"));
+    if (state != had_state) {
+      check(cudaMemsetAsync(state, 0, sample_state_.mem->bytes, stream_), "zeroing the sampling state");
+      check(cudaStreamSynchronize(stream_), "zeroing the sampling state (synchronize)");
+    }
     const int group = std::min(t, kSampleOrderRows);
     void* keys = nullptr;
     void* sort_scratch = nullptr;
@@ -724,8 +819,8 @@ class CudaDevice final : public Device {
     a.z = z;
     a.V = V;
     a.t = t;
-    a.params = reinterpret_cast<const SampleParams*>(in_dev);
-    a.positions = reinterpret_cast<const uint64_t*>(in_dev + pos_at);
+    a.params = reinterpret_cast<const SampleParams*>(in);
+    a.positions = reinterpret_cast<const uint64_t*>(in + pos_at);
     a.bias = bias;
     a.allowed = allowed;
     a.rows = reinterpret_cast<SampleRowState*>(state);
@@ -737,21 +832,22 @@ class CudaDevice final : public Device {
     a.id_bits = id_bits;
     a.id_mask = (unsigned)((1ull << id_bits) - 1);
     a.out = reinterpret_cast<SampleResult*>(out_dev);
+    a.result = reinterpret_cast<SampleResult*>(sample_results_.dev + 8);
+    a.fold = folded_epilogue();
     const bool top_p = by_order && p.top_p < 1.0f;
     a.kept_raw_pair = by_order || p.min_p > 0.0f || allowed;  // something may be dropped
     a.kept_z_pair = a.kept_raw_pair || bias || p.temperature != 1.0f;  // else z is x, bit for bit
     const SampleKey key{t, by_order ? id_bits : 0, greedy, top_p, check_x, a.kept_z_pair, a.kept_raw_pair, x, bias,
-                        allowed, in_dev, out_dev, logits, z, pairs, state, keys, sort_scratch,
-                        q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr, in_host, out_host};
+                        allowed, in, out_dev, sample_results_.dev, logits, z, pairs, state, keys,
+                        sort_scratch, q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr};
     if (!sample_graph_.exec || !(sample_graph_.key == key)) {
       sample_graph_.reset();
       sample_graph_.exec = instantiate(capture_stream([&] {
         float* normed = static_cast<float*>(normed_.mem->ptr);
-        check(cudaMemcpyAsync(in_dev, in_host, in_bytes, cudaMemcpyHostToDevice, stream_), "upload of sampling parameters");
-        if (check_x) cuda::find_nonfinite(x, (int64_t)t * H, reinterpret_cast<unsigned long long*>(out_dev + bad_at),
-                                          stream_);
-        for (const Step& st : steps_) enqueue(st, x, normed, logits, t);
-        check(cudaMemsetAsync(state, 0, state_bytes, stream_), "zeroing the sampling state");
+        if (check_x) fork_scan(x, (int64_t)t * H, reinterpret_cast<unsigned long long*>(sample_results_.dev));
+        const size_t folded = a.fold.op == EpilogueOp::None ? nodes_.size() : nodes_.size() - 1;  // sample_prep's
+        for (const Step& st : steps_)
+          if (st.first != folded) enqueue(st, x, normed, logits, t);
         sample_prep(a, stream_);
         if (!greedy) {
           for (int r0 = 0; by_order && r0 < t; r0 += group) {
@@ -764,14 +860,14 @@ class CudaDevice final : public Device {
           }
           sample_kept_pairs(a, true, 0, t, stream_);
         }
-        check(cudaMemcpyAsync(out_host, out_dev, out_bytes, cudaMemcpyDeviceToHost, stream_), "download of samples");
+        if (check_x) join_scan();
       }), "cudaGraphInstantiate (sample)");
       sample_graph_.key = key;
     }
     check(cudaGraphLaunch(sample_graph_.exec, stream_), "cudaGraphLaunch (sample)");
     check(cudaStreamSynchronize(stream_), "sample (synchronize)");
-    std::memcpy(out, out_host, (size_t)t * sizeof(SampleResult));
-    req.first_nonfinite = check_x ? first_bad_index(out_host + bad_at, (int64_t)t * H) : -1;
+    std::memcpy(out, sample_results_.host + 8, (size_t)t * sizeof(SampleResult));
+    req.first_nonfinite = check_x ? first_bad_index(sample_results_.host, (int64_t)t * H) : -1;
     return req.first_nonfinite < 0;
   }
 
@@ -829,26 +925,25 @@ class CudaDevice final : public Device {
   struct ScoreKey {
     int t = 0, m = 0, group = 0;
     bool check = false;
-    const void *x, *in, *out, *chunk, *pairs, *acc, *acts_q8, *normed, *out_host;
+    const void *x, *in, *out, *results, *chunk, *pairs, *acc, *acts_q8, *normed;
     bool operator==(const ScoreKey& o) const {
       return t == o.t && m == o.m && group == o.group && check == o.check && x == o.x && in == o.in && out == o.out &&
-             chunk == o.chunk && pairs == o.pairs && acc == o.acc && acts_q8 == o.acts_q8 && normed == o.normed &&
-             out_host == o.out_host;
+             results == o.results && chunk == o.chunk && pairs == o.pairs && acc == o.acc && acts_q8 == o.acts_q8 &&
+             normed == o.normed;
     }
   };
   // What sample()'s captured graph bakes in.
   struct SampleKey {
     int t = 0, order_bits = 0;
     bool greedy = false, top_p = false, check = false, z_pair = false, raw_pair = false;
-    const void *x, *bias, *allowed, *in, *out, *logits, *z, *pairs, *state, *keys, *sort_scratch, *acts_q8,
-        *normed, *in_host, *out_host;
+    const void *x, *bias, *allowed, *in, *out, *results, *logits, *z, *pairs, *state, *keys, *sort_scratch,
+        *acts_q8, *normed;
     bool operator==(const SampleKey& o) const {
       return t == o.t && order_bits == o.order_bits && greedy == o.greedy && top_p == o.top_p && check == o.check &&
              z_pair == o.z_pair && raw_pair == o.raw_pair &&
              x == o.x && bias == o.bias && allowed == o.allowed && in == o.in && out == o.out &&
-             logits == o.logits && z == o.z && pairs == o.pairs && state == o.state && keys == o.keys &&
-             sort_scratch == o.sort_scratch && acts_q8 == o.acts_q8 && normed == o.normed &&
-             in_host == o.in_host && out_host == o.out_host;
+             results == o.results && logits == o.logits && z == o.z && pairs == o.pairs && state == o.state &&
+             keys == o.keys && sort_scratch == o.sort_scratch && acts_q8 == o.acts_q8 && normed == o.normed;
     }
   };
   // vocab_reduce's scratch for t rows of m chosen ids: the tile pairs, and the
@@ -897,28 +992,6 @@ class CudaDevice final : public Device {
   };
   using RouteGraph = CachedGraph<RouteKey>;
   using ScoreGraph = CachedGraph<ScoreKey>;
-  // Pinned host memory that grows (never shrinks): the small transfers of score().
-  struct PinnedScratch {
-    void* ptr = nullptr;
-    size_t bytes = 0;
-    void* ensure(size_t n) {
-      if (n <= bytes && ptr) return ptr;
-      if (ptr) (void)cudaFreeHost(ptr);
-      ptr = nullptr;
-      bytes = 0;
-      check(cudaHostAlloc(&ptr, std::max<size_t>(n, 64), cudaHostAllocPortable), "cudaHostAlloc (score staging)");
-      bytes = std::max<size_t>(n, 64);
-      return ptr;
-    }
-    PinnedScratch() = default;
-    PinnedScratch(const PinnedScratch&) = delete;
-    PinnedScratch& operator=(const PinnedScratch&) = delete;
-    ~PinnedScratch() {
-      if (ptr) (void)cudaFreeHost(ptr);
-      (void)cudaGetLastError();
-    }
-  };
-
   // What run_call adds to the route in its graph.
   struct CallExtras {
     bool scan = false;         // the NaN scan of x: result bytes [0, 8) get the first bad index (~0: none)
@@ -1043,8 +1116,10 @@ class CudaDevice final : public Device {
         // quantized once per call, read by every row (booked under the node, as ggml's mul_mat and the CPU do);
         // the reference kind runs the q8 definition too: this kernel is bit-equal to the CPU's scalar one
         Q8Args q = q8_args(t, logits);
+        q.fold = q8_fold(st, t);
         quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
         matvec_q8(q, stream_);
+        if (st.count == 2 && q.fold.op == EpilogueOp::None) enqueue_epilogue(nodes_[st.first + 1], logits, nl);
         break;
       }
       case NodeKind::MatvecCanon: matvec_canon(matvec_args(normed, t, logits), stream_); break;
@@ -1127,10 +1202,7 @@ class CudaDevice final : public Device {
     const int64_t n = (int64_t)t * spec_.hidden;
     auto* first_bad = reinterpret_cast<unsigned long long*>(ex.result_dev);
     if (ex.scan && ex.fork) {  // beside the route: the graph's branches run at once
-      check(cudaEventRecord(fork_ev_, stream_), "cudaEventRecord (fork)");
-      check(cudaStreamWaitEvent(side_, fork_ev_, 0), "cudaStreamWaitEvent (fork)");
-      first_nonfinite(x, n, first_bad, side_);
-      check(cudaEventRecord(join_ev_, side_), "cudaEventRecord (join)");
+      fork_scan(x, n, first_bad);
     } else if (ex.scan) {
       first_nonfinite(x, n, first_bad, stream_);
     }
@@ -1141,7 +1213,7 @@ class CudaDevice final : public Device {
       auto* vals = reinterpret_cast<float*>(ex.result_dev + 8 + (size_t)t * ex.k * sizeof(int64_t));
       enqueue_select(logits, t, ex.k, ex.ids_only, ids, vals);
     }
-    if (ex.scan && ex.fork) check(cudaStreamWaitEvent(stream_, join_ev_, 0), "cudaStreamWaitEvent (join)");
+    if (ex.scan && ex.fork) join_scan();
   }
 
   // The selection's scratch for (t, k), allocated before a capture bakes it in.
@@ -1287,14 +1359,15 @@ class CudaDevice final : public Device {
   bool q8_ = false;  // the route's matvec quantizes the activations
   std::unique_ptr<DeviceMemory> weight_, gamma_;
   Scratch hidden_, normed_, topk_scratch_, topk_out_, flag_, acts_q8_;
-  Scratch score_ids_, score_out_, score_chunk_;  // score()
+  Scratch score_ids_, score_out_, score_chunk_;  // score(): ids (long grids), results kept there, a group's logits
   ReduceScratch score_reduce_;
-  PinnedScratch score_in_host_, score_out_host_;
+  MappedHost score_in_, score_results_;  // score(): the ids; the first bad index and the results
   ScoreGraph score_graph_;
   ReduceScratch lsm_reduce_;  // log_softmax()
-  Scratch sample_in_, sample_out_, sample_logits_, sample_z_, sample_pairs_, sample_state_, sample_keys_,
-      sample_sort_, sample_bias_, sample_allowed_;  // sample()
-  PinnedScratch sample_in_host_, sample_out_host_;
+  Scratch sample_out_, sample_logits_, sample_z_, sample_pairs_, sample_state_, sample_keys_, sample_sort_,
+      sample_bias_, sample_allowed_;  // sample()
+  MappedHost sample_in_, sample_results_;  // sample(): params | positions; the first bad index | results
+  Scratch sample_in_dev_;                  // sample(): params | positions in device memory (long grids)
   CachedGraph<SampleKey> sample_graph_;
   Scratch lsm_lse_;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;

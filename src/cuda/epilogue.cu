@@ -1,28 +1,18 @@
 // The epilogue nodes over the logits, in place, four logits per thread and
-// step (grid-stride): scale, tanh (the platform's tanhf: CUDA's, not glibc's),
-// the fused soft cap (divides by cap), the reference soft cap (after its own
-// scale node) and the canonical soft cap (canon_epilogue from canonical.h,
-// the same function the CPU runs, bit for bit). Each rounding is explicit
-// (__fmul_rn, __fdiv_rn) on top of --fmad=false, so no step is contracted.
+// step (grid-stride): scale, tanh, the fused soft cap (divides by cap), the
+// reference soft cap (after its own scale node) and the canonical soft cap
+// (canon_epilogue from canonical.h, the same function the CPU runs, bit for
+// bit). The operations themselves are epilogue.cuh's.
 #include "cuda_check.h"
+#include "epilogue.cuh"
 #include "kernels.h"
-#include "muser/canonical.h"
 #include "pdl.cuh"
 
 namespace muser::cuda {
 
 namespace {
 
-enum class Op { Scale, Tanh, SoftcapFused, SoftcapReference, SoftcapCanon };
-
-template <Op kOp>
-__device__ __forceinline__ float epilogue_op(float l, float f0, float f1, float f2) {
-  if constexpr (kOp == Op::Scale) return __fmul_rn(l, f0);
-  else if constexpr (kOp == Op::Tanh) return tanhf(l);
-  else if constexpr (kOp == Op::SoftcapFused) return __fmul_rn(f1, tanhf(__fdiv_rn(__fmul_rn(l, f0), f1)));
-  else if constexpr (kOp == Op::SoftcapReference) return __fmul_rn(f1, tanhf(__fmul_rn(l, f2)));
-  else return canon_epilogue(l, f0, f1, f2);
-}
+using Op = EpilogueOp;
 
 // Four logits per thread and step (16-byte accesses), then the n % 4 tail.
 template <Op kOp>

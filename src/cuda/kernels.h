@@ -24,7 +24,24 @@ void layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder
 // y[k, i] = y[k, i] * v[i] for k < rows, i < n
 void mul_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t stream);
 
+// A consumer kernel (after the route: reductions, selection, sampling) of at
+// most this many CTAs -- about one wave of an H200's 132 SMs -- is bound by
+// latency: launched with PDL it is scheduled while the route finishes, and it
+// may read its few inputs from mapped host memory. A longer grid is bound by
+// throughput: launched plainly (with PDL its early CTAs only held SM slots
+// through the route: score at t = 256 took 1.31 x the plain call against 1.18),
+// its inputs in device memory (a read across the bus per CTA queues there).
+constexpr long long kShortGridCtas = 1024;
+
 // ---- epilogue.cu: element-wise over n logits, in place ----
+// One element-wise node (epilogue.cuh's epilogue_op), as a consumer kernel
+// applies it to each raw logit it loads when the route's only node after the
+// matvec is folded into it (f0, f1, f2: the node's own parameters).
+enum class EpilogueOp : int { None, Scale, Tanh, SoftcapFused, SoftcapReference, SoftcapCanon };
+struct EpilogueFold {
+  EpilogueOp op = EpilogueOp::None;
+  float f0 = 0.0f, f1 = 0.0f, f2 = 0.0f;
+};
 void scale(float* y, int64_t n, float s, cudaStream_t stream);
 void tanh_inplace(float* y, int64_t n, cudaStream_t stream);
 void softcap_fused(float* y, int64_t n, float scale, float cap, cudaStream_t stream);
@@ -66,7 +83,12 @@ bool q8_supported(uint32_t type);
 struct Q8Args : WeightArgs, Q8ActsKargs {
   const int8_t* xq = nullptr;     // [t x xq_pitch] quantized activations, zero past cols
   const uint8_t* meta = nullptr;  // [t x meta_per_token] block records (matvec_q8.cuh)
+  EpilogueFold fold;              // the element-wise node fused into the matvec, applied as each logit is stored
 };
+// The q8 kernels apply a fused node (Q8Args::fold) for at most this many tokens
+// per launch; their larger token tiles run at the register limit (the node's code
+// made them spill), so there the node runs as its own kernel.
+constexpr int kQ8FoldMaxTokens = 16;
 // Bytes of device scratch quantize_acts_q8 needs for t tokens of K columns.
 size_t acts_q8_scratch_bytes(uint32_t type, int64_t K, int t);
 // Quantizes x [t x ldx] (K columns) into scratch as the CPU's q8 mode does for
@@ -119,10 +141,14 @@ struct VocabReduceArgs {
   float* values = nullptr;
   float* logprobs = nullptr;
   int64_t* ranks = nullptr;
+  EpilogueFold fold;  // applied to each logit as it is loaded (None: y holds the final logits)
 };
+// ids may be mapped host memory (read before the kernel waits for the route: no
+// node writes them); the results may be too (written once, by each row's finish).
 void vocab_reduce(const VocabReduceArgs& a, cudaStream_t stream);
 // ---- sample.cu: one draw per row on the device (muser/sample.h's sample_row) ----
-// A row's state across the sampling kernels; all zero (memset) before sample_prep.
+// A row's state across the sampling kernels; zero at rest (zeroed once when
+// allocated, and again by the row's last kernel), so a graph needs no memset node.
 struct SampleRowState {
   unsigned long long top_key;   // the first largest z as an order key (0: no finite z)
   unsigned long long race_key;  // the race's best (key bits, ~id)
@@ -136,14 +162,14 @@ struct SampleRowState {
   LsePair cut_pair;             // the pair of the z top_k keeps (top_p's m, s)
 };
 struct SampleKargs {
-  const float* x = nullptr;  // logits [t x V]
+  float* x = nullptr;  // logits [t x V] (sample_prep applies `fold` to them in place)
   float* z = nullptr;        // scratch [t x V]: the processed logits, -inf where dropped
   int64_t V = 0;
   int t = 0;
-  const SampleParams* params = nullptr;  // device copy (the graph's parameters stay its own)
+  const SampleParams* params = nullptr;  // mapped host memory or device memory, written before the launch (no node writes it)
   const float* bias = nullptr;           // device [V] or null
   const uint8_t* allowed = nullptr;      // device [V] or null
-  const uint64_t* positions = nullptr;   // device [t]
+  const uint64_t* positions = nullptr;   // [t], as params
   SampleRowState* rows = nullptr;        // device [t]
   unsigned* done = nullptr;              // device [t], zero at rest (the kernels leave it zero)
   LsePair* pairs_a = nullptr;            // [t x tiles]
@@ -158,7 +184,9 @@ struct SampleKargs {
   // is dropped: the logits' own logsumexp) and the kept raw logits' (else
   // nothing is dropped: the kept set's raw mass is the whole row's)
   bool kept_z_pair = true, kept_raw_pair = true;
-  SampleResult* out = nullptr;  // device [t]
+  SampleResult* out = nullptr;     // device [t]
+  SampleResult* result = nullptr;  // [t] (mapped host memory): each row's result, written by its last kernel
+  EpilogueFold fold;            // the route's element-wise node, applied by sample_prep (None: x is final)
 };
 void sample_prep(const SampleKargs& a, cudaStream_t stream);
 // Rows [row0, row0 + rows) (a group of at most kSampleOrderRows): their keys,

@@ -28,6 +28,8 @@
 // (muser/q8_step.h):
 //   sum_q = q8_block_step(sum_q, dx, d, isum); sum_m = q8_block_step(sum_m, dx, dmin, msum)
 //   y = q8_kquant45_result(sum_q, sum_m)   (Q6_K: y = sum_q; Q8_0: q8_0_block_step)
+// and stores epilogue_apply(fold, y): the route's one element-wise node when the
+// route fuses it into the matvec (cuda_fusable), the epilogue kernel's function.
 // so the logits equal the CPU's bit for bit, for any t and any row mapping.
 //
 // Weights. Q4_K/Q5_K use the device layout of device_layout.h (qs' words: one
@@ -39,6 +41,7 @@
 // Q4_K/Q5_K/Q8_0 units go through shared memory instead (matvec_q8_staged_kernel),
 // and for t <= 32 too, with 2 or 4 token tiles per warp.
 #pragma once
+#include "epilogue.cuh"
 #include "kernels.h"
 #include "matvec.cuh"
 #include "muser/q8_step.h"
@@ -548,6 +551,38 @@ __device__ __forceinline__ void stage_q8(int8_t* xs, uint8_t* ms, const Q8Args& 
   }
 }
 
+// The lane's logits of a (row, token) tile: y[nt][i] is token nt*8 + 2q + (i & 1)
+// of row r + 8*(i >> 1) (the mma C fragment), stored, then -- when the route
+// fuses its element-wise node into the matvec -- each rewritten through that
+// node (epilogue.cuh, the epilogue kernel's function on the same operand). The
+// rewrite is a plain loop over the lane's own stores; tiles of more than
+// kQ8FoldMaxTokens tokens leave it to a kernel of its own.
+template <int NT>
+__device__ __forceinline__ void store_q8_tile(const Q8Args& a, const float (&y)[NT][4], int q, int64_t r) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int k = nt * 8 + 2 * q + (i & 1);
+      const int64_t row = r + 8 * (i >> 1);
+      if (k < a.t && row < a.rows) a.y[k * a.ldy + row] = y[nt][i];
+    }
+  if constexpr (8 * NT > kQ8FoldMaxTokens) {
+    if (a.fold.op != EpilogueOp::None) __trap();  // the caller runs the node as a kernel (kQ8FoldMaxTokens)
+    return;
+  }
+  if (a.fold.op == EpilogueOp::None) return;
+#pragma unroll 1
+  for (int j = 0; j < 4 * NT; ++j) {
+    const int k = (j / 4) * 8 + 2 * q + (j & 1);
+    const int64_t row = r + 8 * ((j & 3) >> 1);
+    if (k < a.t && row < a.rows) {
+      float* p = a.y + k * a.ldy + row;
+      *p = epilogue_apply(a.fold, *p);
+    }
+  }
+}
+
 template <class Dec, int NT>
 __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
     matvec_q8_kernel(Q8Args a, int chunk_cols) {
@@ -611,12 +646,8 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int k = nt * 8 + 2 * q + (i & 1);
-        const int64_t row = row0 + G + 8 * (i >> 1);
-        if (k < a.t && row < a.rows)
-          a.y[k * a.ldy + row] = Dec::kMins ? acc_q[nt][i] - acc_m[nt][i] : acc_q[nt][i];
-      }
+      for (int i = 0; i < 4; ++i) acc_q[nt][i] = Dec::kMins ? acc_q[nt][i] - acc_m[nt][i] : acc_q[nt][i];
+    store_q8_tile<NT>(a, acc_q, q, row0 + G);
   }
 }
 
@@ -796,12 +827,9 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int k = nt * 8 + 2 * q + (i & 1);
-        const int64_t row = row0 + G + 8 * (i >> 1);
-        if (k < a.t && row < a.rows)
-          a.y[k * a.ldy + row] = Dec::kMins ? q8_kquant45_result(acc_q[nt][i], acc_m[nt][i]) : acc_q[nt][i];
-      }
+      for (int i = 0; i < 4; ++i)
+        acc_q[nt][i] = Dec::kMins ? q8_kquant45_result(acc_q[nt][i], acc_m[nt][i]) : acc_q[nt][i];
+    store_q8_tile<NT>(a, acc_q, q, row0 + G);
   }
   cp_async_wait<0>();  // no copy is left in flight at exit (the last ones are empty groups)
 }

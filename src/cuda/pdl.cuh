@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "cuda_check.h"
+#include "kernels.h"
 
 namespace muser::cuda {
 
@@ -40,9 +41,12 @@ __device__ __forceinline__ void pdl_wait() {
 // Whether launches on the current device use programmatic serialization.
 bool pdl_enabled();
 
+// Whether a consumer kernel of `ctas` CTAs is launched with PDL (kernels.h, kShortGridCtas).
+inline bool consumer_pdl(long long ctas) { return ctas <= kShortGridCtas; }
+
 // The launch configuration of a route kernel (attr: storage for its one attribute).
 inline cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                                     cudaLaunchAttribute (&attr)[1]) {
+                                     cudaLaunchAttribute (&attr)[1], bool pdl = true) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -51,7 +55,7 @@ inline cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, size_t smem, cudaStr
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = pdl && pdl_enabled() ? 1 : 0;
   return cfg;
 }
 
@@ -60,6 +64,16 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
                 Args&&... args) {
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attr);
+  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+}
+
+// A consumer kernel: with PDL where consumer_pdl says so.
+template <class... Params, class... Args>
+void launch_consumer(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                     const char* what, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attr,
+                                            consumer_pdl((long long)grid.x * grid.y * grid.z));
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
 }
 

@@ -24,14 +24,28 @@
 #include <algorithm>
 
 #include "cuda_check.h"
+#include "epilogue.cuh"
 #include "kernels.h"
 #include "muser/sample.h"
 #include "logit_keys.cuh"
+#include "pdl.cuh"
 #include "tile_reduce.cuh"
 
 namespace muser::cuda {
 
 namespace {
+
+// The parameters (mapped host memory, written before the launch: no node writes
+// them), read once per CTA -- one read across the bus, not one per warp -- while
+// the kernel before still runs; then the wait for that kernel (pdl.cuh). Every
+// thread must call it, before its first read of an earlier node's writes.
+__device__ __forceinline__ SampleParams cta_params(const SampleKargs& a) {
+  __shared__ SampleParams params;
+  if (threadIdx.x == 0) params = *a.params;
+  pdl_wait();
+  __syncthreads();
+  return params;
+}
 
 // The row's largest z (the top token is always kept): its z, 0 without one.
 __device__ __forceinline__ float row_top_z(const SampleKargs& a, int64_t k) {
@@ -45,6 +59,7 @@ __device__ __forceinline__ bool within_cut(const SampleRowState& r, float z, int
 }
 
 __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKargs a) {
+  pdl_launch_dependents();
   __shared__ TileSmem sm;
   __shared__ unsigned long long warp_top[kTileWarps];
   __shared__ unsigned warp_bad[kTileWarps], warp_finite[kTileWarps];
@@ -52,10 +67,11 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
   const int64_t k = blockIdx.y, tile = blockIdx.x, i0 = tile * kLseTile;
   const int tiles = (int)gridDim.x;
   const int count = (int)(a.V - i0 < kLseTile ? a.V - i0 : kLseTile);
-  const SampleParams p = *a.params;
-  const float* x = a.x + k * a.V;
+  const SampleParams p = cta_params(a);  // read while the route finishes
+  float* x = a.x + k * a.V;
   float* z = a.z + k * a.V;
   const float neg_inf = lse_neg_inf();
+  const bool folds = a.fold.op != EpilogueOp::None;
   float v[kStepsPerThread];
   unsigned long long top = 0;
   unsigned bad = 0, finite = 0;  // bad: 0xFFFFFFFF - the lowest bad id (as a key's low word), 0 for none
@@ -65,7 +81,8 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
     const int id = (int)i0 + i;
     v[j] = neg_inf;
     if (i >= count) continue;
-    v[j] = x[id];
+    v[j] = epilogue_apply(a.fold, x[id]);
+    if (folds) x[id] = v[j];  // the route's folded node: the logits the later kernels read
     // sample_processed, one token
     float w = neg_inf;
     if (!a.allowed || a.allowed[id]) {
@@ -132,10 +149,14 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
     r.token = -1;
   } else if (!(p.temperature > 0.0f)) {  // greedy: the kept set is the top token alone (sample_raw_side)
     r.token = (int32_t)logit_key_id(top_key);
-    const float xt = x[r.token];
+    const float xt = __ldcg(x + r.token);  // another CTA's write, when the node is folded
     const float d = xt - lse;
     r.logprob = xt - lse;
     r.kept_mass = canon_exp_nonpos(d < 0.0f ? d : 0.0f);
+  }
+  if (!(p.temperature > 0.0f)) {  // greedy rows end here
+    a.result[k] = r;
+    row = SampleRowState{};
   }
 }
 
@@ -151,6 +172,8 @@ __device__ __forceinline__ int sorted_id(const SampleKargs& a, unsigned long lon
 // one key -- the group row (first rows largest), the order key of (z, id), a
 // -inf z below every finite one -- so one descending sort orders every row.
 __global__ void sample_order_keys_kernel(SampleKargs a, int row0, int rows) {
+  pdl_launch_dependents();
+  pdl_wait();  // every read below may be of an earlier node's writes (pdl.cuh)
   const int64_t r = blockIdx.y, k = row0 + r;
   const float* z = a.z + k * a.V;
   const unsigned long long row_bits = (unsigned long long)(rows - 1 - r) << (32 + a.id_bits);
@@ -165,9 +188,10 @@ __global__ void sample_order_keys_kernel(SampleKargs a, int row0, int rows) {
 // One thread per row of the group: top_k's cut (sample_kept_set: only when
 // top_k < the count of finite z), the last kept (z, id) as the threshold.
 __global__ void sample_threshold_kernel(SampleKargs a, int row0, int rows) {
+  pdl_launch_dependents();
   const int64_t k = row0 + blockIdx.x;
+  const SampleParams p = cta_params(a);
   if (threadIdx.x != 0) return;
-  const SampleParams p = *a.params;
   SampleRowState& r = a.rows[k];
   r.has_cut = 0;
   r.cut_count = (int)r.finite;
@@ -185,19 +209,22 @@ __global__ void sample_threshold_kernel(SampleKargs a, int row0, int rows) {
 // logits it keeps and the race, and the finish of each row's draw.
 template <bool kFinal>
 __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKargs a, int row0) {
+  pdl_launch_dependents();
   __shared__ TileSmem sm;
   __shared__ unsigned long long warp_race[kTileWarps];
   const int lane = threadIdx.x % kCanonLanes, warp = threadIdx.x / kCanonLanes;
   const int64_t k = row0 + blockIdx.y, tile = blockIdx.x, i0 = tile * kLseTile;
   const int tiles = (int)gridDim.x;
   const int count = (int)(a.V - i0 < kLseTile ? a.V - i0 : kLseTile);
-  const SampleParams p = *a.params;
+  __shared__ uint64_t position_s;
+  if (threadIdx.x == 0) position_s = a.positions[k];
+  const SampleParams p = cta_params(a);
+  const uint64_t position = position_s;
   const SampleRowState& row = a.rows[k];
   const float* x = a.x + k * a.V;
   const float* z = a.z + k * a.V;
   const float neg_inf = lse_neg_inf();
   const float m = row_top_z(a, k);
-  const uint64_t position = a.positions[k];
   // the race's pruning bound from the top token's key (sample_race stands on it
   // first): a token below it cannot win, so its clock is never drawn
   float z_floor = lse_neg_inf();
@@ -256,13 +283,16 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
     return;
   }
   SampleResult& out = a.out[k];
-  if (out.status != kSampleOk) return;  // sample_prep's verdict stands
-  const unsigned long long race_key = __ldcg(&r.race_key);
-  out.token = (int32_t)logit_key_id(race_key);
-  out.processed_logprob = z[out.token] - (z_pair ? lse_value(kept_pair) : r.row_lse);
-  const float d = (raw_pair ? lse_value(raw_root) : r.row_lse) - r.row_lse;  // sample_raw_side
-  out.logprob = x[out.token] - r.row_lse;
-  out.kept_mass = canon_exp_nonpos(d < 0.0f ? d : 0.0f);
+  if (out.status == kSampleOk) {  // else sample_prep's verdict stands
+    const unsigned long long race_key = __ldcg(&r.race_key);
+    out.token = (int32_t)logit_key_id(race_key);
+    out.processed_logprob = z[out.token] - (z_pair ? lse_value(kept_pair) : r.row_lse);
+    const float d = (raw_pair ? lse_value(raw_root) : r.row_lse) - r.row_lse;  // sample_raw_side
+    out.logprob = x[out.token] - r.row_lse;
+    out.kept_mass = canon_exp_nonpos(d < 0.0f ? d : 0.0f);
+  }
+  a.result[k] = out;  // the row's last kernel
+  r = SampleRowState{};
 }
 
 // One warp per row of the group: top_p's cut (sample_top_p_count) over the
@@ -270,9 +300,10 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
 // lane adds the 32 in order (the same running sum on each lane). The cut's
 // last token becomes the threshold.
 __global__ void sample_top_p_kernel(SampleKargs a, int row0) {
+  pdl_launch_dependents();
   const int64_t k = row0 + blockIdx.x;
   const int lane = threadIdx.x;
-  const SampleParams p = *a.params;
+  const SampleParams p = cta_params(a);
   SampleRowState& r = a.rows[k];
   const int n = r.cut_count;
   const float m = r.cut_pair.m, target = p.top_p * r.cut_pair.s;
@@ -306,6 +337,8 @@ __global__ void sample_top_p_kernel(SampleKargs a, int row0) {
 
 __global__ void sample_unpack_kernel(const SampleResult* r, int t, int64_t* tokens, float* lp, float* plp,
                                      float* mass) {
+  pdl_launch_dependents();
+  pdl_wait();  // every read below may be of an earlier node's writes (pdl.cuh)
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= t) return;
   tokens[k] = r[k].token;
@@ -318,28 +351,25 @@ __global__ void sample_unpack_kernel(const SampleResult* r, int t, int64_t* toke
 
 void sample_unpack(const SampleResult* results, int t, int64_t* tokens, float* logprobs, float* processed,
                    float* kept_mass, cudaStream_t stream) {
-  sample_unpack_kernel<<<(unsigned)((t + 127) / 128), 128, 0, stream>>>(results, t, tokens, logprobs, processed,
-                                                                         kept_mass);
-  check_launch("sample_unpack");
+  launch_consumer(sample_unpack_kernel, dim3((unsigned)((t + 127) / 128)), dim3(128), 0, stream, "sample_unpack", results, t,
+             tokens, logprobs, processed, kept_mass);
 }
 
 void sample_prep(const SampleKargs& a, cudaStream_t stream) {
   const unsigned tiles = (unsigned)((a.V + kLseTile - 1) / kLseTile);
-  sample_prep_kernel<<<dim3(tiles, (unsigned)a.t), kTileThreads, 0, stream>>>(a);
-  check_launch("sample_prep");
+  launch_consumer(sample_prep_kernel, dim3(tiles, (unsigned)a.t), dim3(kTileThreads), 0, stream, "sample_prep", a);
 }
 
 void sample_order(const SampleKargs& a, int row0, int rows, void* sort_scratch, size_t sort_bytes,
                   cudaStream_t stream) {
   const unsigned blocks = (unsigned)std::min<int64_t>((a.V + 255) / 256, 256);
-  sample_order_keys_kernel<<<dim3(blocks, (unsigned)rows), 256, 0, stream>>>(a, row0, rows);
-  check_launch("sample_order_keys");
+  launch_consumer(sample_order_keys_kernel, dim3(blocks, (unsigned)rows), dim3(256), 0, stream, "sample_order_keys", a, row0,
+             rows);
   size_t bytes = sort_bytes;
   check(cub::DeviceRadixSort::SortKeysDescending(sort_scratch, bytes, a.keys, a.keys_sorted, (int64_t)rows * a.V, 0,
                                                  sample_order_bits(a.id_bits, rows), stream),
         "the kept-set order's sort");
-  sample_threshold_kernel<<<(unsigned)rows, 32, 0, stream>>>(a, row0, rows);
-  check_launch("sample_threshold");
+  launch_consumer(sample_threshold_kernel, dim3((unsigned)rows), dim3(32), 0, stream, "sample_threshold", a, row0, rows);
 }
 
 size_t sample_order_scratch_bytes(int64_t V, int rows, int id_bits) {
@@ -353,14 +383,12 @@ size_t sample_order_scratch_bytes(int64_t V, int rows, int id_bits) {
 
 void sample_kept_pairs(const SampleKargs& a, bool final_pass, int row0, int rows, cudaStream_t stream) {
   const unsigned tiles = (unsigned)((a.V + kLseTile - 1) / kLseTile);
-  if (final_pass) sample_kept_kernel<true><<<dim3(tiles, (unsigned)rows), kTileThreads, 0, stream>>>(a, row0);
-  else sample_kept_kernel<false><<<dim3(tiles, (unsigned)rows), kTileThreads, 0, stream>>>(a, row0);
-  check_launch("sample_kept_pairs");
+  launch_consumer(final_pass ? sample_kept_kernel<true> : sample_kept_kernel<false>, dim3(tiles, (unsigned)rows),
+             dim3(kTileThreads), 0, stream, "sample_kept_pairs", a, row0);
 }
 
 void sample_top_p(const SampleKargs& a, int row0, int rows, cudaStream_t stream) {
-  sample_top_p_kernel<<<(unsigned)rows, 32, 0, stream>>>(a, row0);
-  check_launch("sample_top_p");
+  launch_consumer(sample_top_p_kernel, dim3((unsigned)rows), dim3(32), 0, stream, "sample_top_p", a, row0);
 }
 
 }  // namespace muser::cuda

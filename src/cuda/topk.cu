@@ -15,6 +15,7 @@
 
 #include "cuda_check.h"
 #include "kernels.h"
+#include "pdl.cuh"
 #include "logit_keys.cuh"
 
 namespace muser::cuda {
@@ -29,6 +30,8 @@ constexpr int kTopkChunk = kTopkThreads * kTopkItems;
 template <bool kFromLogits>
 __global__ void topk_stage_kernel(const float* logits, const unsigned long long* keys_in, int64_t n, int k,
                                   unsigned long long* keys_out) {
+  pdl_launch_dependents();
+  pdl_wait();  // every read below may be of an earlier node's writes (pdl.cuh)
   const int64_t row = blockIdx.y, chunk = blockIdx.x;
   const int64_t base = chunk * kTopkChunk;
   unsigned long long item[kTopkItems];
@@ -54,6 +57,8 @@ __global__ void topk_stage_kernel(const float* logits, const unsigned long long*
 
 __global__ void topk_finish_kernel(const float* logits, int64_t V, const unsigned long long* keys, int t, int k,
                                    int64_t* ids, float* vals) {
+  pdl_launch_dependents();
+  pdl_wait();  // every read below may be of an earlier node's writes (pdl.cuh)
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= t * k) return;
   const int row = i / k;
@@ -69,18 +74,19 @@ void launch_topk(const float* logits, int64_t V, int t, int k, void* scratch, in
   auto* buf_a = static_cast<unsigned long long*>(scratch);
   auto* buf_b = buf_a + (size_t)t * chunks_of(V) * k;
   int64_t chunks = chunks_of(V);
-  topk_stage_kernel<true><<<dim3((unsigned)chunks, (unsigned)t), kTopkThreads, 0, stream>>>(logits, nullptr, V, k, buf_a);
-  check_launch("topk_stage(logits)");
+  launch_consumer(topk_stage_kernel<true>, dim3((unsigned)chunks, (unsigned)t), dim3(kTopkThreads), 0, stream,
+             "topk_stage(logits)", logits, nullptr, V, k, buf_a);
   // each stage leaves `chunks` x k keys per row; merge until one chunk is left
   while (chunks > 1) {
     const int64_t n = chunks * k;
     chunks = chunks_of(n);
-    topk_stage_kernel<false><<<dim3((unsigned)chunks, (unsigned)t), kTopkThreads, 0, stream>>>(nullptr, buf_a, n, k, buf_b);
-    check_launch("topk_stage(keys)");
+    launch_consumer(topk_stage_kernel<false>, dim3((unsigned)chunks, (unsigned)t), dim3(kTopkThreads), 0, stream,
+               "topk_stage(keys)", nullptr, buf_a, n, k, buf_b);
     std::swap(buf_a, buf_b);
   }
   const int n = t * k;
-  topk_finish_kernel<<<(n + 255) / 256, 256, 0, stream>>>(logits, V, buf_a, t, k, ids, vals);
+  launch_consumer(topk_finish_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, "topk_finish", logits, V, buf_a,
+             t, k, ids, vals);
 }
 
 // ---- the call's selection: argmax and small-k top-k in one or two kernels ----
@@ -120,6 +126,8 @@ __device__ int64_t key_id_d(unsigned long long key) {
 template <bool kArgmax>
 __global__ void chunk_best_kernel(const float* logits, int64_t V, int k, unsigned long long* best_out,
                                   unsigned* done, int64_t* ids, unsigned long long* threshold) {
+  pdl_launch_dependents();
+  pdl_wait();  // every read below may be of an earlier node's writes (pdl.cuh)
   const int64_t row = blockIdx.y;
   const unsigned chunks = gridDim.x;
   const float* y = logits + row * V;
@@ -200,6 +208,8 @@ __device__ unsigned long long cta_kth_largest(const unsigned long long* c, unsig
 __global__ void topk_gather_kernel(const float* logits, int64_t V, int k, const unsigned long long* threshold,
                                    unsigned long long* cand, unsigned* count, unsigned* done, int64_t* ids,
                                    float* vals) {
+  pdl_launch_dependents();
+  pdl_wait();  // every read below may be of an earlier node's writes (pdl.cuh)
   __shared__ unsigned long long staged[kSelRankKeys];
   __shared__ unsigned n_staged;
   const int64_t row = blockIdx.y;
@@ -254,9 +264,8 @@ size_t argmax_scratch_bytes(int64_t V, int t) { return (size_t)t * sel_chunks(V)
 
 void argmax(const float* logits, int64_t V, int t, void* scratch, unsigned* sync, int64_t* ids, cudaStream_t stream) {
   const dim3 grid((unsigned)sel_chunks(V), (unsigned)t);
-  chunk_best_kernel<true><<<grid, kSelThreads, 0, stream>>>(logits, V, 1, static_cast<unsigned long long*>(scratch),
-                                                            sync, ids, nullptr);
-  check_launch("argmax");
+  launch_consumer(chunk_best_kernel<true>, grid, dim3(kSelThreads), 0, stream, "argmax", logits, V, 1,
+             static_cast<unsigned long long*>(scratch), sync, ids, nullptr);
 }
 
 bool topk_threshold_fits(int64_t V, int t, int k) {
@@ -274,11 +283,10 @@ void topk_threshold(const float* logits, int64_t V, int t, int k, void* scratch,
   auto* threshold = best + (size_t)t * sel_chunks(V);
   auto* cand = threshold + t;
   const dim3 grid((unsigned)sel_chunks(V), (unsigned)t);
-  chunk_best_kernel<false><<<grid, kSelThreads, 0, stream>>>(logits, V, k, best, sync, nullptr, threshold);
-  check_launch("topk_threshold(bests)");
-  topk_gather_kernel<<<grid, kSelThreads, 0, stream>>>(logits, V, k, threshold, cand, sync + 2 * t, sync + t, ids,
-                                                       vals);
-  check_launch("topk_threshold(gather)");
+  launch_consumer(chunk_best_kernel<false>, grid, dim3(kSelThreads), 0, stream, "topk_threshold(bests)", logits, V, k, best,
+             sync, nullptr, threshold);
+  launch_consumer(topk_gather_kernel, grid, dim3(kSelThreads), 0, stream, "topk_threshold(gather)", logits, V, k, threshold,
+             cand, sync + 2 * t, sync + t, ids, vals);
 }
 
 size_t topk_scratch_bytes(int64_t V, int t, int k) { return 2 * (size_t)t * chunks_of(V) * k * 8; }
