@@ -554,9 +554,9 @@ def test_canonical_bitwise_equal_to_cpu_at_every_batch_size(head_file, weight_ty
         assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}")
 
 
-# the wide kernel (Q4_K/Q5_K: 8 rows x 8 token slots per warp): t = 5..7 leave slots
-# empty, larger t run tiles of 8 and a last tile of t mod 8 (on the small-t kernels
-# when <= 4); 5,003 rows end inside a warp's 8 rows and a CTA's 96
+# the wide kernel (Q4_K/Q5_K: 8 rows x 8 token slots per warp): t = 6, 7 leave slots
+# empty (t = 5 stays on the 4-row kernel), larger t run tiles of 8 and a last tile of
+# t mod 8; 5,003 rows end inside a warp's 8 rows and a CTA's 96
 @pytest.mark.parametrize("weight_type", ("Q5_K", "Q4_K"))
 def test_canonical_wide_kernel_bitwise_equal_to_cpu(head_file, weight_type):
     path = head_file(weight_type)

@@ -7,7 +7,7 @@
 // 64, 256 as launches of 8 tokens, as matvec_canon tiles them).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 --fmad=false -Isrc/cpp -Isrc/cuda \
-//       bench/experiments/cuda_canon_wide.cu -o /tmp/canon_wide && /tmp/canon_wide [rows cols]
+//       bench/experiments/cuda_canon_wide.cu -o /tmp/canon_wide && /tmp/canon_wide [rows cols reps soak_s]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -148,6 +148,23 @@ int main(int argc, char** argv) {
       std::printf("t=%3d %-18s %10.1f us  %5.2f x FMA bound (%8.1f us)  bits differing from old: %zu\n", t, L.name,
                   us, us * 1e-6 / bound, bound * 1e6, diff);
     }
+  }
+  // optional soak: the wide kernel at t = 64 for argv[4] seconds, for an nvidia-smi sampler beside it
+  const double soak_s = argc > 4 ? std::atof(argv[4]) : 0.0;
+  if (soak_s > 0) {
+    a.y = dy_new;
+    float total_ms = 0;
+    int n = 0;
+    CK(cudaEventRecord(e0));
+    while (total_ms < soak_s * 1e3) {
+      run_tiles(run_wide<12>, a, 64);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&total_ms, e0, e1));
+      ++n;
+    }
+    std::printf("soak: %d x t=64 (wide, 12 warps) in %.0f ms: %.1f us per 8 tokens\n", n, total_ms,
+                total_ms * 1e3 / (8.0 * n));
   }
   return 0;
 }

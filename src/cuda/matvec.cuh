@@ -565,7 +565,7 @@ __global__ void __launch_bounds__(32 * MatvecCta<TT>::warps, MatvecCta<TT>::min_
   }
 }
 
-// ---------------------------------------------------------------- the wide kernel (K-quants, t = 5 .. 8)
+// ---------------------------------------------------------------- the wide kernel (K-quants, t = 6 .. 8)
 //
 // The same sums as matvec_canon_kernel, mapped for t = 8. With 4 rows per warp
 // each 4-byte x value a lane reads from shared memory served 4 FMAs: one
@@ -582,6 +582,7 @@ __global__ void __launch_bounds__(32 * MatvecCta<TT>::warps, MatvecCta<TT>::min_
 // [d1(2p), d1(2p+1), m1(2p), m1(2p+1)] for p = 0..3.
 constexpr int kWideRows = 8;     // rows per warp
 constexpr int kWideTokens = 8;   // token slots per launch
+constexpr int kWideMinTokens = 6;  // it computes all 8 slots: at t = 5 the 4-row kernel was faster (939 vs 970 us)
 constexpr int kWideWarps = 12;   // 64 accumulators + the unit in flight: <= 168 registers
 constexpr int kWideLanePad = 2;  // lane rows of 2 (mod 8) floats: 8-byte reads of 16 lanes hit distinct banks
 
@@ -759,7 +760,7 @@ void launch_matvec_tiles(const MatvecArgs& a, cudaStream_t stream) {
                          Cta::warps, stream);
   };
   if constexpr (Dec::kFactors) {
-    if (a.t > 4 && a.t <= kWideTokens &&
+    if (a.t >= kWideMinTokens && a.t <= kWideTokens &&
         launch_matvec_wide(reinterpret_cast<const void*>(&matvec_canon_wide_kernel<Dec::kHighBits, kWideWarps>), a,
                            kWideWarps, stream))
       return;
