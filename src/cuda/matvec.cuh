@@ -14,6 +14,8 @@
 // "unit" is the slice of a row a lane decodes at once (one 256-element block
 // for K-quants: 8 elements per lane); the next unit's bytes are loaded before
 // the current one is computed, so two units per row are in flight.
+// Q4_K/Q5_K at t = 6..8 (and every 8-token tile above) run the wide kernel
+// further down instead: 8 rows per warp, the same sums.
 //
 // Activations live in shared memory transposed per lane, xs[k][lane][step]
 // (step = j / 32), each lane row padded by 4 floats so the 16-byte reads of 8
