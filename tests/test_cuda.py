@@ -567,6 +567,19 @@ def test_canonical_bitwise_equal_to_cpu_at_every_batch_size(head_file, weight_ty
         assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}")
 
 
+# the wide kernel (Q4_K/Q5_K: 8 rows x 8 token slots per warp): t = 6, 7 leave slots
+# empty (t = 5 stays on the 4-row kernel), larger t run tiles of 8 and a last tile of
+# t mod 8; 5,003 rows end inside a warp's 8 rows and a CTA's 96
+@pytest.mark.parametrize("weight_type", ("Q5_K", "Q4_K"))
+def test_canonical_wide_kernel_bitwise_equal_to_cpu(head_file, weight_type):
+    path = head_file(weight_type)
+    cpu = muser.Head.load(path, device="cpu", route="canonical")
+    gpu = muser.Head.load(path, device="cuda", route="canonical")
+    for t in (5, 6, 7, 9, 13, 63, 65, 130):
+        x = hidden_states(SHAPES[weight_type], t, seed=700 + t)
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}")
+
+
 # the seed's hidden size (6,656: q8 batches stage their columns in chunks, the canonical route
 # tiles by 8) and the Gemma-3 one (640 x Q8_0: everything staged whole), with fewer rows
 WIDE_HEADS = {"seed-Q5_K": (6656, 2053, "Q5_K"), "seed-Q6_K": (6656, 1031, "Q6_K"), "gemma-Q8_0": (640, 4099, "Q8_0")}

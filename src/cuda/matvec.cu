@@ -178,6 +178,24 @@ void launch_matvec_kernel(const void* kernel, const MatvecArgs& a, const MatvecP
                     "matvec_canon");
 }
 
+bool matvec_wide_fits(const MatvecArgs& a) {
+  if (a.type != (uint32_t)GgmlType::Q5_K && a.type != (uint32_t)GgmlType::Q4_K) return false;
+  int dev = 0, optin = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+        "cudaDeviceGetAttribute(shared memory per block)");
+  return wide_smem_floats(a.cols, kWideWarps) * sizeof(float) <= (size_t)optin;
+}
+
+bool launch_matvec_wide(const void* kernel, const MatvecArgs& a, int warps, cudaStream_t stream) {
+  if (!matvec_wide_fits(a)) return false;
+  const size_t smem = wide_smem_floats(a.cols, warps) * sizeof(float);
+  MatvecArgs args = a;
+  void* params[] = {&args};
+  launch_persistent(kernel, params, 32 * warps, smem, a.rows, (int64_t)warps * kWideRows, stream, "matvec_canon_wide");
+  return true;
+}
+
 // ---- checked entries ----
 
 bool matvec_supports(uint32_t type) {
@@ -211,8 +229,12 @@ static int canon_token_tile(int64_t cols) {
 
 void matvec_canon(const MatvecArgs& a, cudaStream_t stream) {
   // token tiles of up to 64: t <= 64 reads the weight once, larger t once per tile
-  // (fewer tokens per tile when their x would not fit shared memory whole)
-  const int token_tile = a.t <= 8 ? kTokenTile : std::min(kTokenTile, canon_token_tile(a.cols));
+  // (fewer tokens per tile when their x would not fit shared memory whole). Where
+  // the wide kernel runs (Q4_K/Q5_K), tiles of 8: its 8 rows per warp serve each
+  // x read with 8 FMAs, the larger tiles' 1 or 2 rows with 1 or 2 (matvec.cuh)
+  const int token_tile = a.t <= 8            ? kTokenTile
+                         : matvec_wide_fits(a) ? kWideTokens
+                                               : std::min(kTokenTile, canon_token_tile(a.cols));
   for (int k0 = 0; k0 < a.t; k0 += token_tile) {
     MatvecArgs tile = a;
     tile.t = std::min(token_tile, a.t - k0);

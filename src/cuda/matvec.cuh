@@ -14,6 +14,8 @@
 // "unit" is the slice of a row a lane decodes at once (one 256-element block
 // for K-quants: 8 elements per lane); the next unit's bytes are loaded before
 // the current one is computed, so two units per row are in flight.
+// Q4_K/Q5_K at t = 6..8 (and every 8-token tile above) run the wide kernel
+// further down instead: 8 rows per warp, the same sums.
 //
 // Activations live in shared memory transposed per lane, xs[k][lane][step]
 // (step = j / 32), each lane row padded by 4 floats so the 16-byte reads of 8
@@ -163,6 +165,7 @@ __device__ __forceinline__ void read_factors(const float* scratch, int r, float 
 // per lane and block (byte c: sub-blocks 2c, 2c+1), plus its qh' byte for Q5_K.
 template <bool kHigh>
 struct DecodeKQuant {
+  static constexpr bool kHighBits = kHigh;  // Q5_K's fifth bits (named for the wide kernel's dispatch)
   using Block = std::conditional_t<kHigh, BlockQ5_K, BlockQ4_K>;
   static constexpr int kUnit = kQK_K, kSteps = 8, kBlockBytes = (int)sizeof(Block),
                        kBlockStride = kTileRows * kBlockBytes;
@@ -564,6 +567,168 @@ __global__ void __launch_bounds__(32 * MatvecCta<TT>::warps, MatvecCta<TT>::min_
   }
 }
 
+// ---------------------------------------------------------------- the wide kernel (K-quants, t = 6 .. 8)
+//
+// The same sums as matvec_canon_kernel, mapped for t = 8. With 4 rows per warp
+// each 4-byte x value a lane reads from shared memory served 4 FMAs: one
+// wavefront per 4 FMA instructions, as many as the SM's four schedulers issue
+// in a cycle, so the t = 8 kernel was bound by shared memory (3.5 x the FMA
+// bound). Here a warp carries 8 rows (x read once per 8 FMAs), all 8 token
+// slots (x of tokens >= t staged as zeros, their sums never stored), and walks
+// a block two steps at a time: one 8-byte x read per token, one broadcast
+// 16-byte read of the row's (d1, m1) pair per row, then 2 x 8 FMAs per row --
+// the weight decoded just in time, so no decoded unit is held in registers
+// (64 accumulators + one unit's raw bytes in flight fit 12 warps per SM).
+// Rows of a warp lie in one row tile (8 | 16), so one pointer and immediate
+// offsets reach all of them. Factors per row are stored pair-major:
+// [d1(2p), d1(2p+1), m1(2p), m1(2p+1)] for p = 0..3.
+constexpr int kWideRows = 8;     // rows per warp
+constexpr int kWideTokens = 8;   // token slots per launch
+constexpr int kWideMinTokens = 6;  // it computes all 8 slots: at t = 5 the 4-row kernel was faster (939 vs 970 us)
+constexpr int kWideWarps = 12;   // 64 accumulators + the unit in flight: <= 168 registers
+constexpr int kWideLanePad = 2;  // lane rows of 2 (mod 8) floats: 8-byte reads of 16 lanes hit distinct banks
+
+// Shared-memory floats of the wide kernel: x of kWideTokens tokens, then two factor buffers per warp.
+__host__ __device__ constexpr int wide_lane_stride(int64_t cols) { return (int)((cols + 255) / 256 * 8) + kWideLanePad; }
+__host__ __device__ constexpr size_t wide_smem_floats(int64_t cols, int warps) {
+  return (size_t)kWideTokens * 32 * wide_lane_stride(cols) + (size_t)warps * 2 * kWideRows * 16;
+}
+
+template <bool kHigh, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps, 1) matvec_canon_wide_kernel(MatvecArgs a) {
+  using Dec = DecodeKQuant<kHigh>;
+  constexpr int R = kWideRows, TT = kWideTokens, B = Dec::kBlockBytes, kStride = Dec::kBlockStride;
+  extern __shared__ float4 smem_f4[];
+  float* xs = reinterpret_cast<float*>(smem_f4);  // [TT][32][lane_stride]
+  const int lane_stride = wide_lane_stride(a.cols);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* factors = xs + TT * 32 * lane_stride + warp * 2 * R * 16;
+  const KFactorLane fl(lane, a.exponent_bits);
+  // where this lane's factor of row 2p + lane/16 goes in a buffer (pair-major, above)
+  const int fv = lane & 15, fj = fv & 7;
+  const int fslot = (lane >> 4) * 16 + 4 * (fj >> 1) + (fv >= 8 ? 2 : 0) + (fj & 1);
+  const uint32_t qh_sel = 0x4440u | (uint32_t)(lane & 3);  // __byte_perm: byte lane%4, zeros above
+
+  const int units = (int)(a.cols / kQK_K);
+  const int64_t groups = (a.rows + kWarps * R - 1) / (kWarps * R);
+  const int64_t last_group_row = (a.rows - 1) / R * R;  // warps past the end re-read the last rows
+
+  pdl_launch_dependents();
+  pdl_wait();  // x is the previous node's output
+  {
+    const int64_t kpad = (int64_t)(lane_stride - kWideLanePad) * 32;
+    for (int k = 0; k < TT; ++k) {
+      const float* xk = a.x + (int64_t)min(k, a.t - 1) * a.ldx;
+      float* dst = xs + k * 32 * lane_stride;
+#pragma unroll 4
+      for (int c = threadIdx.x; c < kpad; c += blockDim.x)
+        dst[(c & 31) * lane_stride + (c >> 5)] = k < a.t && c < a.cols ? xk[c] : 0.0f;
+    }
+  }
+  __syncthreads();
+
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t row0 = (g * kWarps + warp) * R;
+    const uint8_t* base = a.w + tiled_row_offset(min(row0, last_group_row), a.row_bytes, B);
+    const uint8_t* phdr = base + (lane >> 2) * B + 4 * (lane & 3);  // word lane%4 of row lane/4's header
+    const uint8_t* pqs = base + Dec::kQsOffset + 4 * lane;
+    const uint8_t* pqh = base + (lane >> 3) * B + kQ5KHighBitsOffset + 4 * (lane & 7);  // rows lane/8 and 4 + lane/8
+    float acc[R][TT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int k = 0; k < TT; ++k) acc[r][k] = 0.0f;
+
+    struct Raw {  // words shared by shuffles keep the unit in flight at 17 registers
+      uint32_t hdr;    // the 8 rows' 16-byte headers, one word per lane
+      uint32_t qh[2];  // the 8 rows' 32-byte qh', one word per lane and half
+      uint32_t qs[R];
+    };
+    auto load = [&](Raw& raw, int ahead) {
+      raw.hdr = ld_weight_u32(phdr + ahead * kStride);
+#pragma unroll
+      for (int r = 0; r < R; ++r) raw.qs[r] = ld_weight_u32(pqs + r * B + ahead * kStride);
+      if constexpr (kHigh)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) raw.qh[h] = ld_weight_u32(pqh + 4 * h * B + ahead * kStride);
+    };
+    auto compute = [&](const Raw& raw, int u) {
+      float* buf = factors + (u & 1) * R * 16;
+#pragma unroll
+      for (int p = 0; p < R / 2; ++p) {  // this lane's factor of row 2p + lane/16: words 0, 1 or 2 (a min), 3
+        const int src = 4 * (2 * p + (lane >> 4));
+        const uint32_t d = __shfl_sync(0xffffffffu, raw.hdr, src);
+        const uint32_t sc = __shfl_sync(0xffffffffu, raw.hdr, src + (fl.is_min ? 2 : 1));
+        const uint32_t hi = __shfl_sync(0xffffffffu, raw.hdr, src + 3);
+        buf[32 * p + fslot] = fl.factor(make_uint4(d, sc, sc, hi));
+      }
+      __syncwarp();
+      uint32_t qe[R], qo[R];  // as DecodeKQuant::decode
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if constexpr (kHigh) {
+          // this lane's qh' byte of row r: byte lane%4 of word (r%4)*8 + lane/4 of half r/4
+          const uint32_t word = __shfl_sync(0xffffffffu, raw.qh[r / 4], (r % 4) * 8 + (lane >> 2));
+          const uint32_t qs = raw.qs[r], qh = __byte_perm(word, 0u, qh_sel);
+          qe[r] = (qs & 0x0f0f0f0fu) | (((qh & 0xfu) * 0x02040810u) & 0x10101010u);
+          qo[r] = ((qs >> 4) & 0x0f0f0f0fu) | (((qh >> 4) * 0x02040810u) & 0x10101010u);
+        } else {
+          qe[r] = raw.qs[r] & 0x0f0f0f0fu, qo[r] = (raw.qs[r] >> 4) & 0x0f0f0f0fu;
+        }
+      }
+      const float* xl = xs + lane * lane_stride + u * 8;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {  // steps 2c (sub-block 2c, byte c of qe) and 2c + 1 (byte c of qo)
+        float2 xv[TT];
+#pragma unroll
+        for (int k = 0; k < TT; ++k) xv[k] = *reinterpret_cast<const float2*>(xl + k * 32 * lane_stride + 2 * c);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float4 f = reinterpret_cast<const float4*>(buf + 16 * r)[c];
+          const float w0 = fmaf(f.x, byte_as_float(qe[r], c, fl.exponent), -f.z);
+          const float w1 = fmaf(f.y, byte_as_float(qo[r], c, fl.exponent), -f.w);
+#pragma unroll
+          for (int k = 0; k < TT; ++k) acc[r][k] = fmaf(w0, xv[k].x, acc[r][k]);
+#pragma unroll
+          for (int k = 0; k < TT; ++k) acc[r][k] = fmaf(w1, xv[k].y, acc[r][k]);
+        }
+      }
+    };
+    // two register buffers, alternating: the next unit's bytes are in flight
+    // while the current one is computed; two units per iteration, so only one
+    // buffer is live across the back edge. The last unit prefetches one unit
+    // past the row: the next tile or the weight's padding (kWeightPadBytes).
+    Raw even, odd;
+    load(even, 0);
+    for (int u = 0;; u += 2) {
+      load(odd, 1);
+      compute(even, u);
+      if (u + 1 >= units) break;
+      phdr += 2 * kStride, pqs += 2 * kStride, pqh += 2 * kStride;
+      load(even, 0);
+      compute(odd, u + 1);
+      if (u + 2 >= units) break;
+    }
+
+    // canon_tree32, as matvec_canon_kernel
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int k = 0; k < TT; ++k) {
+        float v = acc[r][k];
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1) v = v + __shfl_down_sync(0xffffffffu, v, off);
+        if (lane == 0 && k < a.t && row0 + r < a.rows) a.y[k * a.ldy + row0 + r] = v;
+      }
+  }
+}
+
+// Whether the wide kernel runs a's weight: Q4_K or Q5_K, with x of 8 tokens
+// and the factor buffers in one CTA's shared memory (matvec.cu).
+bool matvec_wide_fits(const MatvecArgs& a);
+// Launches the wide kernel when matvec_wide_fits; false leaves the call to matvec_canon_kernel.
+bool launch_matvec_wide(const void* kernel, const MatvecArgs& a, int warps, cudaStream_t stream);
+
 // Launch plan for one token tile (host side, in matvec.cu).
 struct MatvecPlan {
   int chunk_cols = 0;
@@ -596,6 +761,12 @@ void launch_matvec_tiles(const MatvecArgs& a, cudaStream_t stream) {
     launch_matvec_kernel(reinterpret_cast<const void*>(&matvec_canon_kernel<Dec, TT>), a, p, RowsPerWarp<TT>::value,
                          Cta::warps, stream);
   };
+  if constexpr (Dec::kFactors) {
+    if (a.t >= kWideMinTokens && a.t <= kWideTokens &&
+        launch_matvec_wide(reinterpret_cast<const void*>(&matvec_canon_wide_kernel<Dec::kHighBits, kWideWarps>), a,
+                           kWideWarps, stream))
+      return;
+  }
   if (a.t <= 1) go(std::integral_constant<int, 1>{});
   else if (a.t <= 2) go(std::integral_constant<int, 2>{});
   else if (a.t <= 4) go(std::integral_constant<int, 4>{});

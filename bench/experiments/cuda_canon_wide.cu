@@ -1,0 +1,170 @@
+// The canonical f32 matvec at t = 8 (Q5_K, the seed head's shape): the
+// 4-rows-per-warp kernel (matvec_canon_kernel<DecodeQ5K, 8>, what t = 5..8 ran
+// before) against the 8-rows-per-warp wide kernel at 8 and 12 warps per CTA,
+// on one random weight in the device layout. Prints each kernel's time (median
+// of CUDA events), its ratio to the FP32-FMA bound 2*V*H*t / 66.9 TFLOP/s, and
+// whether its logits equal the old kernel's bit for bit (t = 5..8, and t = 16,
+// 64, 256 as launches of 8 tokens, as matvec_canon tiles them).
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90 --fmad=false -Isrc/cpp -Isrc/cuda \
+//       bench/experiments/cuda_canon_wide.cu -o /tmp/canon_wide && /tmp/canon_wide [rows cols reps soak_s]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "matvec.cuh"
+
+using namespace muser;
+using namespace muser::cuda;
+
+#define CK(x)                                                                        \
+  do {                                                                               \
+    cudaError_t e_ = (x);                                                            \
+    if (e_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t next_u32() {
+  rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+  return (uint32_t)(rng_state >> 16);
+}
+
+struct Launch {
+  const char* name;
+  void (*run)(const MatvecArgs&);
+};
+
+static int sms() {
+  int dev = 0, n = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+template <class K>
+static void launch_grid(K kernel, int threads, size_t smem, int64_t rows_per_cta, const MatvecArgs& a, int extra,
+                        bool has_extra) {
+  CK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)smem));
+  int per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  if (per_sm < 1) { std::fprintf(stderr, "no CTA fits (%zu bytes)\n", smem); std::exit(1); }
+  const int64_t groups = (a.rows + rows_per_cta - 1) / rows_per_cta;
+  const int grid = (int)std::min<int64_t>(groups, (int64_t)per_sm * sms());
+  if (has_extra) reinterpret_cast<void (*)(MatvecArgs, int)>(kernel)<<<grid, threads, smem>>>(a, extra);
+  else reinterpret_cast<void (*)(MatvecArgs)>(kernel)<<<grid, threads, smem>>>(a);
+  CK(cudaGetLastError());
+}
+
+static void run_old(const MatvecArgs& a) {  // matvec_canon_kernel<DecodeQ5K, 8>, as plan_matvec sizes it
+  using Cta = MatvecCta<8>;
+  constexpr int R = RowsPerWarp<8>::value;
+  const int chunk = (int)((a.cols + 255) / 256 * 256);
+  const size_t smem = (size_t)a.t * 32 * (chunk / 32 + kLanePad) * 4 + (size_t)Cta::warps * 2 * 32 * ((R + 1) / 2) * 4;
+  launch_grid(&matvec_canon_kernel<DecodeQ5K, 8>, 32 * Cta::warps, smem, (int64_t)Cta::warps * R, a, chunk, true);
+}
+
+template <int kWarps>
+static void run_wide(const MatvecArgs& a) {
+  launch_grid(&matvec_canon_wide_kernel<true, kWarps>, 32 * kWarps, wide_smem_floats(a.cols, kWarps) * 4,
+              (int64_t)kWarps * kWideRows, a, 0, false);
+}
+
+// t tokens as matvec_canon runs them: launches of up to 8
+static void run_tiles(void (*run)(const MatvecArgs&), MatvecArgs a, int t) {
+  for (int k0 = 0; k0 < t; k0 += 8) {
+    MatvecArgs tile = a;
+    tile.t = std::min(8, t - k0);
+    tile.x = a.x + k0 * a.ldx;
+    tile.y = a.y + k0 * a.ldy;
+    run(tile);
+  }
+}
+
+int main(int argc, char** argv) {
+  const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 202048, cols = argc > 2 ? std::atoll(argv[2]) : 6656;
+  const int reps = argc > 3 ? std::atoi(argv[3]) : 10;
+  const int64_t B = sizeof(BlockQ5_K), row_bytes = cols / 256 * B, tiles = (rows + 15) / 16;
+  const size_t wbytes = (size_t)(tiles * 16 * row_bytes) + kWeightPadBytes;
+  std::vector<uint8_t> w(wbytes);
+  for (auto& b : w) b = (uint8_t)next_u32();
+  for (size_t off = 0; off + B <= (size_t)(tiles * 16 * row_bytes); off += B) {  // sane f16 d, dmin: 2^-8 .. 2^-7
+    const uint16_t d = (uint16_t)(0x1c00 | (next_u32() & 0x3ff)), dmin = (uint16_t)(0x1c00 | (next_u32() & 0x3ff));
+    std::memcpy(&w[off], &d, 2), std::memcpy(&w[off + 2], &dmin, 2);
+  }
+  const int tmax = 256;
+  std::vector<float> x((size_t)tmax * cols);
+  for (auto& v : x) v = ((int)(next_u32() % 2001) - 1000) * 1.5e-3f;
+  uint8_t* dw;
+  float *dx, *dy_old, *dy_new;
+  CK(cudaMalloc(&dw, wbytes));
+  CK(cudaMalloc(&dx, x.size() * 4));
+  CK(cudaMalloc(&dy_old, (size_t)tmax * rows * 4));
+  CK(cudaMalloc(&dy_new, (size_t)tmax * rows * 4));
+  CK(cudaMemcpy(dw, w.data(), wbytes, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+
+  MatvecArgs a;
+  a.rows = rows, a.cols = cols, a.row_bytes = row_bytes, a.ldx = cols, a.ldy = rows;
+  a.type = (uint32_t)GgmlType::Q5_K, a.w = dw, a.x = dx;
+  const Launch launches[] = {{"old R=4 16 warps", run_old}, {"wide R=8 8 warps", run_wide<8>},
+                             {"wide R=8 12 warps", run_wide<12>}};
+  std::printf("Q5_K %lld x %lld, %d reps; FMA bound = 2*V*H*t / 66.9e12\n", (long long)rows, (long long)cols, reps);
+  std::vector<float> got((size_t)tmax * rows), want((size_t)tmax * rows);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int t : {5, 7, 8, 16, 64, 256}) {
+    a.y = dy_old;
+    run_tiles(run_old, a, t);
+    CK(cudaMemcpy(want.data(), dy_old, (size_t)t * rows * 4, cudaMemcpyDeviceToHost));
+    const double bound = 2.0 * rows * cols * t / 66.9e12;
+    for (const Launch& L : launches) {
+      CK(cudaMemset(dy_new, 0xff, (size_t)t * rows * 4));
+      a.y = dy_new;
+      run_tiles(L.run, a, t);
+      CK(cudaDeviceSynchronize());
+      CK(cudaMemcpy(got.data(), dy_new, (size_t)t * rows * 4, cudaMemcpyDeviceToHost));
+      size_t diff = 0;
+      for (size_t i = 0; i < (size_t)t * rows; ++i) diff += std::memcmp(&got[i], &want[i], 4) != 0;
+      const int n = t >= 64 ? std::max(3, reps / 3) : reps;
+      std::vector<float> ms;
+      for (int i = 0; i < n; ++i) {
+        CK(cudaEventRecord(e0));
+        run_tiles(L.run, a, t);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float m = 0;
+        CK(cudaEventElapsedTime(&m, e0, e1));
+        ms.push_back(m);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double us = ms[ms.size() / 2] * 1e3;
+      std::printf("t=%3d %-18s %10.1f us  %5.2f x FMA bound (%8.1f us)  bits differing from old: %zu\n", t, L.name,
+                  us, us * 1e-6 / bound, bound * 1e6, diff);
+    }
+  }
+  // optional soak: the wide kernel at t = 64 for argv[4] seconds, for an nvidia-smi sampler beside it
+  const double soak_s = argc > 4 ? std::atof(argv[4]) : 0.0;
+  if (soak_s > 0) {
+    a.y = dy_new;
+    float total_ms = 0;
+    int n = 0;
+    CK(cudaEventRecord(e0));
+    while (total_ms < soak_s * 1e3) {
+      run_tiles(run_wide<12>, a, 64);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&total_ms, e0, e1));
+      ++n;
+    }
+    std::printf("soak: %d x t=64 (wide, 12 warps) in %.0f ms: %.1f us per 8 tokens\n", n, total_ms,
+                total_ms * 1e3 / (8.0 * n));
+  }
+  return 0;
+}
