@@ -786,9 +786,9 @@ class CudaDevice final : public Device {
                                                              "sampling tile pairs"));
     // the row state and counters: zero at rest (the kernels leave them so), zeroed once when allocated
     const size_t state_bytes = (size_t)t * (sizeof(SampleRowState) + sizeof(unsigned));
-    const void* had_state = sample_state_.mem ? sample_state_.mem->ptr : nullptr;
+    const bool fresh = !sample_state_.mem || sample_state_.mem->bytes < state_bytes;  // ensure allocates anew
     auto* state = static_cast<uint8_t*>(sample_state_.ensure(state_bytes, ordinal_, "sampling row state"));
-    if (state != had_state) {
+    if (fresh) {
       check(cudaMemsetAsync(state, 0, sample_state_.mem->bytes, stream_), "zeroing the sampling state");
       check(cudaStreamSynchronize(stream_), "zeroing the sampling state (synchronize)");
     }
