@@ -105,6 +105,35 @@ def test_score_takes_device_hidden_states_and_bounded_memory(files):
     np.testing.assert_array_equal(dev.ranks, host.ranks)
 
 
+@pytest.mark.parametrize("route,acts", [("canonical", "f32"), ("fused", "q8")])
+def test_long_consumer_grids_give_the_short_grids_results(files, route, acts):
+    # a reduction or sampling grid of more than kShortGridCtas (1,024) CTAs launches plainly and
+    # reads its ids / parameters / positions from an upload in device memory; a short one launches
+    # with PDL and reads them from mapped host memory: the same results either way, and on the
+    # canonical route the CPU's
+    path = files("Q8_0", 150000)  # 74 tiles of 2,048 ids
+    gpu = muser.Head.load(path, device="cuda", route=route, acts=acts)
+    t = 16  # 16 rows x 74 tiles = 1,184 CTAs: long; one row: 74, short
+    x = hidden_states(256, t, seed=31)
+    ids = (np.arange(t) * 9173) % 150000
+    pos = np.arange(t) + 40
+    long = gpu.score(x, ids)
+    for r in (0, 5, t - 1):
+        short = gpu.score(x[r], int(ids[r]))
+        assert bits(short.logprobs) == bits(long.logprobs[r]) and short.ranks == long.ranks[r]
+    samplings = ({"temperature": 0.0}, {}, {"top_k": 20}, {"temperature": 0.8, "top_p": 0.9})
+    drawn = [gpu.sample(x, seed=3, positions=pos, **kw) for kw in samplings]
+    for kw, got in zip(samplings, drawn):
+        for r in (0, 5, t - 1):
+            one = gpu.sample(x[r], seed=3, positions=int(pos[r]), **kw)
+            assert one.tokens == got.tokens[r] and bits(one.logprobs) == bits(got.logprobs[r]), (kw, r)
+    if route == "canonical":
+        cpu = muser.Head.load(path, route=route, acts=acts)
+        np.testing.assert_array_equal(bits(long.logprobs), bits(cpu.score(x, ids).logprobs))
+        for kw, got in zip(samplings, drawn):
+            np.testing.assert_array_equal(got.tokens, cpu.sample(x, seed=3, positions=pos, **kw).tokens)
+
+
 @pytest.mark.parametrize("route,acts", [("canonical", "f32"), ("canonical", "q8")])
 def test_log_softmax_on_the_gpu_equals_the_cpu(files, route, acts):
     path = files("Q5_K", 5003)
