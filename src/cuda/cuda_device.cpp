@@ -556,8 +556,9 @@ class CudaDevice final : public Device {
   // row's finish). g is a multiple of 64 tokens when the scratch holds 64 rows,
   // so the weight is read as often as the plain call reads it. The kernels run
   // as one CUDA graph per shape, the NaN scan of a device hidden state beside
-  // the route; the ids are read from and the results written to mapped pinned
-  // memory by the kernels themselves: no copy node, one launch, one synchronize.
+  // the route; the kernels read the ids from mapped pinned memory (a long grid:
+  // from one upload before the launch, kShortGridCtas) and write the results
+  // there themselves: no copy node, one launch, one synchronize.
   void score(const float* hidden, bool hidden_on_device, int t, VocabScores& out) override {
     if (t < 1) throw ArgValueError("t must be >= 1");
     DeviceScope scope(ordinal_);
