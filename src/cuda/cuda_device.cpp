@@ -197,24 +197,37 @@ struct Scratch {
     }
     return mem->ptr;
   }
+  // The same for a buffer that is zero at rest (its kernels leave it so): zeroed,
+  // and synchronized, only when allocated anew -- outside any capture.
+  void* ensure_zeroed(size_t bytes, int ordinal, const char* what, cudaStream_t stream) {
+    if (mem && mem->bytes >= bytes) return mem->ptr;
+    ensure(bytes, ordinal, what);
+    check(cudaMemsetAsync(mem->ptr, 0, mem->bytes, stream), what);
+    check(cudaStreamSynchronize(stream), what);
+    return mem->ptr;
+  }
 };
 
 bool is_q8(NodeKind k) { return k == NodeKind::MatvecQ8 || k == NodeKind::MatvecQ8Reference; }
 
-// An element-wise node as the kernels that apply it on a logit take it (EpilogueOp::None: not one).
+// The element-wise op of a node kind (EpilogueOp::None: not an element-wise node).
+EpilogueOp epilogue_op_of(NodeKind k) {
+  switch (k) {
+    case NodeKind::Scale: return EpilogueOp::Scale;
+    case NodeKind::Tanh: return EpilogueOp::Tanh;
+    case NodeKind::SoftcapFused: return EpilogueOp::SoftcapFused;
+    case NodeKind::SoftcapReference: return EpilogueOp::SoftcapReference;
+    case NodeKind::SoftcapCanon: return EpilogueOp::SoftcapCanon;
+    default: return EpilogueOp::None;
+  }
+}
+
+// An element-wise node as the kernels that apply it on a logit take it: its op
+// and its own parameters (each op reads only the ones it uses).
 EpilogueFold epilogue_fold(const Node& n) {
   EpilogueFold f;
-  switch (n.kind) {
-    case NodeKind::Scale: f.op = EpilogueOp::Scale; break;
-    case NodeKind::Tanh: f.op = EpilogueOp::Tanh; break;
-    case NodeKind::SoftcapFused: f.op = EpilogueOp::SoftcapFused; break;
-    case NodeKind::SoftcapReference: f.op = EpilogueOp::SoftcapReference; break;
-    case NodeKind::SoftcapCanon: f.op = EpilogueOp::SoftcapCanon; break;
-    default: return f;
-  }
-  f.f0 = n.f0;
-  f.f1 = n.f1;
-  f.f2 = n.f2;
+  f.op = epilogue_op_of(n.kind);
+  if (f.op != EpilogueOp::None) f.f0 = n.f0, f.f1 = n.f1, f.f2 = n.f2;
   return f;
 }
 
@@ -228,9 +241,7 @@ EpilogueFold epilogue_fold(const Node& n) {
 // apart: a fused norm + γ kernel (one CTA per row) was measured 1.5 % slower
 // on the q8 route at t = 1 (docs/performance.md, "Fusion on CUDA").
 bool cuda_fusable(NodeKind a, NodeKind b) {
-  Node n;
-  n.kind = b;
-  const EpilogueOp op = epilogue_fold(n).op;
+  const EpilogueOp op = epilogue_op_of(b);
   return is_q8(a) && op != EpilogueOp::None && op != EpilogueOp::SoftcapCanon;
 }
 
@@ -787,12 +798,7 @@ class CudaDevice final : public Device {
                                                              "sampling tile pairs"));
     // the row state and counters: zero at rest (the kernels leave them so), zeroed once when allocated
     const size_t state_bytes = (size_t)t * (sizeof(SampleRowState) + sizeof(unsigned));
-    const bool fresh = !sample_state_.mem || sample_state_.mem->bytes < state_bytes;  // ensure allocates anew
-    auto* state = static_cast<uint8_t*>(sample_state_.ensure(state_bytes, ordinal_, "sampling row state"));
-    if (fresh) {
-      check(cudaMemsetAsync(state, 0, sample_state_.mem->bytes, stream_), "zeroing the sampling state");
-      check(cudaStreamSynchronize(stream_), "zeroing the sampling state (synchronize)");
-    }
+    auto* state = static_cast<uint8_t*>(sample_state_.ensure_zeroed(state_bytes, ordinal_, "sampling row state", stream_));
     const int group = std::min(t, kSampleOrderRows);
     void* keys = nullptr;
     void* sort_scratch = nullptr;
@@ -957,11 +963,7 @@ class CudaDevice final : public Device {
       const int64_t tiles = (V + kLseTile - 1) / kLseTile;
       pairs.ensure((size_t)rows * tiles * lse_pair_bytes(), ordinal, "logsumexp tile pairs");
       const size_t bytes = (size_t)rows * ids * 8 + (size_t)rows * 4;
-      if (!acc.mem || acc.mem->bytes < bytes) {
-        acc.ensure(std::max<size_t>(bytes, 8), ordinal, "vocab_reduce accumulators");
-        check(cudaMemsetAsync(acc.mem->ptr, 0, acc.mem->bytes, stream), "zeroing the accumulators");
-        check(cudaStreamSynchronize(stream), "zeroing the accumulators (synchronize)");
-      }
+      acc.ensure_zeroed(std::max<size_t>(bytes, 8), ordinal, "vocab_reduce accumulators", stream);
     }
     // the layout for `rows` x `ids` (ahead_acc first, then done)
     VocabReduceArgs args(const float* y, int64_t V, int rows, int ids) const {
@@ -1135,23 +1137,10 @@ class CudaDevice final : public Device {
 
   // An element-wise node over n logits at y (the start of an allocation: 16-byte aligned).
   void enqueue_epilogue(const Node& n, float* y, int64_t count) {
-    switch (n.kind) {
-      case NodeKind::Scale: scale(y, count, n.f0, stream_); return;
-      case NodeKind::Tanh: tanh_inplace(y, count, stream_); return;
-      case NodeKind::SoftcapFused: softcap_fused(y, count, n.f0, n.f1, stream_); return;
-      case NodeKind::SoftcapReference: softcap_reference(y, count, n.f1, n.f2, stream_); return;
-      case NodeKind::SoftcapCanon: softcap_canon(y, count, n.f0, n.f1, n.f2, stream_); return;
-      case NodeKind::RmsNorm:
-      case NodeKind::RmsNormCanon:
-      case NodeKind::LayerNorm:
-      case NodeKind::LayerNormCanon:
-      case NodeKind::MulGamma:
-      case NodeKind::MatvecQ8:
-      case NodeKind::MatvecQ8Reference:
-      case NodeKind::MatvecCanon:
-      case NodeKind::MatvecReference: break;
-    }
-    throw Error(std::string("internal: ") + node_kind_name(n.kind) + " is not an element-wise node");
+    const EpilogueFold f = epilogue_fold(n);
+    if (f.op == EpilogueOp::None)
+      throw Error(std::string("internal: ") + node_kind_name(n.kind) + " is not an element-wise node");
+    epilogue(f, y, count, stream_);
   }
 
   // The matvec node for rows [r0, r0 + rows) of the weight at w (the device
@@ -1221,10 +1210,7 @@ class CudaDevice final : public Device {
   void ensure_select(int t, int k, bool ids_only) {
     const int64_t V = spec_.vocab;
     const size_t words = select_sync_words(t) * sizeof(unsigned);
-    if (!sel_sync_.mem || sel_sync_.mem->bytes < words) {
-      sel_sync_.ensure(words, ordinal_, "selection counters");
-      check(cudaMemset(sel_sync_.mem->ptr, 0, words), "cudaMemset (selection counters)");  // the kernels keep them 0
-    }
+    sel_sync_.ensure_zeroed(words, ordinal_, "selection counters", stream_);  // the kernels keep them 0
     if (ids_only) sel_.ensure(argmax_scratch_bytes(V, t), ordinal_, "argmax scratch");
     else if (topk_threshold_fits(V, t, k)) sel_.ensure(topk_threshold_scratch_bytes(V, t), ordinal_, "top-k scratch");
     else topk_scratch_.ensure(topk_scratch_bytes(V, t, k), ordinal_, "top-k scratch");

@@ -47,29 +47,16 @@ void launch_epilogue(float* y, int64_t n, float scale, float cap, float inv_cap,
 
 }  // namespace
 
-void scale(float* y, int64_t n, float s, cudaStream_t stream) {
-  launch_epilogue<Op::Scale>(y, n, s, 0, 0, stream);
-  check_launch("scale");
-}
-
-void tanh_inplace(float* y, int64_t n, cudaStream_t stream) {
-  launch_epilogue<Op::Tanh>(y, n, 0, 0, 0, stream);
-  check_launch("tanh");
-}
-
-void softcap_fused(float* y, int64_t n, float scale, float cap, cudaStream_t stream) {
-  launch_epilogue<Op::SoftcapFused>(y, n, scale, cap, 0, stream);
-  check_launch("scale_softcap");
-}
-
-void softcap_reference(float* y, int64_t n, float cap, float inv_cap, cudaStream_t stream) {
-  launch_epilogue<Op::SoftcapReference>(y, n, 0, cap, inv_cap, stream);
-  check_launch("softcap_reference");
-}
-
-void softcap_canon(float* y, int64_t n, float scale, float cap, float inv_cap, cudaStream_t stream) {
-  launch_epilogue<Op::SoftcapCanon>(y, n, scale, cap, inv_cap, stream);
-  check_launch("scale_softcap_canonical");
+void epilogue(const EpilogueFold& f, float* y, int64_t n, cudaStream_t stream) {
+  switch (f.op) {
+    case Op::Scale: launch_epilogue<Op::Scale>(y, n, f.f0, f.f1, f.f2, stream); break;
+    case Op::Tanh: launch_epilogue<Op::Tanh>(y, n, f.f0, f.f1, f.f2, stream); break;
+    case Op::SoftcapFused: launch_epilogue<Op::SoftcapFused>(y, n, f.f0, f.f1, f.f2, stream); break;
+    case Op::SoftcapReference: launch_epilogue<Op::SoftcapReference>(y, n, f.f0, f.f1, f.f2, stream); break;
+    case Op::SoftcapCanon: launch_epilogue<Op::SoftcapCanon>(y, n, f.f0, f.f1, f.f2, stream); break;
+    case Op::None: return;
+  }
+  check_launch("epilogue");
 }
 
 }  // namespace muser::cuda

@@ -42,11 +42,8 @@ struct EpilogueFold {
   EpilogueOp op = EpilogueOp::None;
   float f0 = 0.0f, f1 = 0.0f, f2 = 0.0f;
 };
-void scale(float* y, int64_t n, float s, cudaStream_t stream);
-void tanh_inplace(float* y, int64_t n, cudaStream_t stream);
-void softcap_fused(float* y, int64_t n, float scale, float cap, cudaStream_t stream);
-void softcap_reference(float* y, int64_t n, float cap, float inv_cap, cudaStream_t stream);
-void softcap_canon(float* y, int64_t n, float scale, float cap, float inv_cap, cudaStream_t stream);
+// The node f over n logits at y, in place (one launch; None: nothing).
+void epilogue(const EpilogueFold& f, float* y, int64_t n, cudaStream_t stream);
 
 // ---- matvec.cu: logits = W x for t tokens ----
 // The weight and the logits, as every LM-head matvec (f32 or q8) sees them:

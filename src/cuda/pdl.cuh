@@ -59,22 +59,27 @@ inline cudaLaunchConfig_t pdl_config(dim3 grid, dim3 block, size_t smem, cudaStr
   return cfg;
 }
 
+// A kernel on `stream`, with programmatic serialization when `pdl` (and pdl_enabled()).
+template <class... Params, class... Args>
+void launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   const char* what, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attr, pdl);
+  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+}
+
 template <class... Params, class... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const char* what,
                 Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attr);
-  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+  launch_kernel(true, kernel, grid, block, smem, stream, what, std::forward<Args>(args)...);
 }
 
 // A consumer kernel: with PDL where consumer_pdl says so.
 template <class... Params, class... Args>
 void launch_consumer(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                      const char* what, Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = pdl_config(grid, block, smem, stream, attr,
-                                            consumer_pdl((long long)grid.x * grid.y * grid.z));
-  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+  launch_kernel(consumer_pdl((long long)grid.x * grid.y * grid.z), kernel, grid, block, smem, stream, what,
+                std::forward<Args>(args)...);
 }
 
 // The same for a kernel chosen at run time (params: pointers to its arguments).
