@@ -1,7 +1,8 @@
 // parallel_for on muser's thread pool (cpu/thread_pool.h): every index is
 // visited exactly once whatever the size, grain and thread count; callers on
 // several threads, nested calls and a throwing chunk are correct; the pool
-// really runs chunks at once; and a process that used the pool can fork (also
+// really runs chunks at once; idle workers beyond a baseline retire and the
+// pool grows again when asked; and a process that used the pool can fork (also
 // while another thread is inside a parallel_for) and the child's pool works.
 // Waits that could hang on a bug are capped (the cap only turns a hang into a
 // failure; nothing here measures time).
@@ -12,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -78,6 +80,27 @@ TEST(ThreadPool, RunsChunksAtOnce) {
   EXPECT_TRUE(chunks_run_at_once(2));
   EXPECT_TRUE(chunks_run_at_once(4));
   EXPECT_GE(pool_workers(), 3);
+}
+
+// Workers beyond the baseline the pool keeps (default_threads() - 1, what a
+// default-threads job uses) retire after sitting idle, so a process that once
+// ran a job with many threads does not carry those threads until exit; and a
+// job after that still gets as many threads as it asks for.
+TEST(ThreadPool, IdleWorkersBeyondTheBaselineRetire) {
+  const int keep = std::max(0, muser::cpu::default_threads() - 1);
+  const int many = std::min(kMaxThreads, std::max(64, keep + 2));
+  if (many - 1 <= keep) GTEST_SKIP() << "the baseline (" << keep << " workers) is the maximum: none can retire";
+  ASSERT_TRUE(chunks_run_at_once(many));
+  ASSERT_GE(pool_workers(), many - 1);
+  // The retirement timeout is about a second; 10 s only turns a pool that
+  // never retires into a failure.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (pool_workers() > keep && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(pool_workers(), keep) << "idle workers beyond the baseline should retire, and only those";
+  EXPECT_TRUE(chunks_run_at_once(many));
+  EXPECT_GE(pool_workers(), many - 1);
+  EXPECT_TRUE(visits_each_once(100000, 13, many));
 }
 
 TEST(ThreadPool, WorkersNeverExceedTheMaximum) {

@@ -13,6 +13,14 @@
 // one per extra caller (no oversubscription on top), and the heads are
 // memory-bound, so the bytes streamed per second change little either way.
 //
+// Idle workers beyond a baseline (default_threads() - 1: what a job at the
+// default thread count uses) retire after kIdleRetire without a seat: each
+// removes itself from the pool under the mutex, detaches and exits. A process
+// that once ran threads=256 does not carry 255 sleeping threads until exit
+// (they made LeakSanitizer's exit-time scan crash), and a later job simply
+// starts workers again. The baseline never retires, so a head at the default
+// count never pays for starting threads twice.
+//
 // fork(): only the forking thread exists in the child. The workers are gone
 // and the pool's mutex may be held by a thread that no longer exists (a fork
 // while another thread is in a parallel_for), so the child can neither use
@@ -24,6 +32,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -40,6 +49,12 @@ namespace muser::cpu {
 
 namespace {
 
+// How long a worker beyond the baseline sleeps without a seat before it
+// retires. Far longer than a head's step or the pause between steps of a
+// loop (milliseconds), so a head with many threads keeps its workers while it
+// is in use; short enough that they are gone soon after it stops.
+constexpr std::chrono::milliseconds kIdleRetire{1000};
+
 // One job; lives on the caller's stack until every worker has left it.
 struct Job {
   ChunkFn fn;
@@ -51,6 +66,8 @@ struct Job {
 
 class Pool {
  public:
+  Pool() : keep_(std::max(0, default_threads() - 1)) {}
+
   // Claims the pool for one job; false while another job runs.
   bool try_claim() {
     bool idle = false;
@@ -109,7 +126,10 @@ class Pool {
   void worker_main() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      wake_.wait(lock, [&] { return seats_ > 0; });
+      if (!wake_.wait_for(lock, kIdleRetire, [&] { return seats_ > 0; })) {
+        if (retire()) return;
+        continue;
+      }
       --seats_;
       ++seated_;
       Job& job = *job_;
@@ -120,6 +140,25 @@ class Pool {
     }
   }
 
+  // Called with mu_ held by an idle worker with no seat to take (seats_ == 0,
+  // so no job counts on it): while the pool has more workers than it keeps,
+  // removes the calling worker's thread from workers_ and returns true; the
+  // worker then exits. run() counts seats under mu_, so it never counts a
+  // worker that has left. Detached, the std::thread can be deleted here;
+  // grow() pushed it before this worker could take mu_, so it is found.
+  bool retire() {
+    if ((int)workers_.size() <= keep_) return false;
+    const auto self = std::find_if(workers_.begin(), workers_.end(),
+                                   [](std::thread* t) { return t->get_id() == std::this_thread::get_id(); });
+    if (self == workers_.end()) return false;
+    std::thread* t = *self;
+    *self = workers_.back();  // order does not matter
+    workers_.pop_back();
+    t->detach();
+    delete t;
+    return true;
+  }
+
   std::atomic<bool> busy_{false};  // a job holds the pool
   std::mutex mu_;
   std::condition_variable wake_;  // workers wait here for a seat
@@ -127,8 +166,10 @@ class Pool {
   Job* job_ = nullptr;
   int seats_ = 0;   // workers that may still join job_
   int seated_ = 0;  // workers inside job_
-  // Never joined or deleted: the pool lives until exit, or is forgotten in a
-  // forked child, where joining (or destroying) these would hang or terminate.
+  const int keep_;  // workers that never retire
+  // Never joined: a retiring worker detaches and deletes its own (retire());
+  // the rest live until exit, or are forgotten with the pool in a forked
+  // child, where joining (or destroying) them would hang or terminate.
   std::vector<std::thread*> workers_;
 };
 

@@ -19,8 +19,9 @@ namespace muser::cpu {
 using ChunkFn = void (*)(void* ctx, int64_t chunk);
 void run_chunks(int64_t chunks, int threads, ChunkFn fn, void* ctx);
 
-// Workers the pool has started in this process (0 in a freshly forked child
-// until its first parallel job). For the tests.
+// Workers the pool holds now (0 in a freshly forked child until its first
+// parallel job; those beyond default_threads() - 1 retire after a second
+// idle). For the tests.
 int pool_workers();
 
 }  // namespace muser::cpu
