@@ -10,7 +10,9 @@ so a regression fails the test instead of the test run."""
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -34,6 +36,31 @@ def small_head(head_file):
 
 
 # ---------------------------------------------------------------- threads
+
+# Symbols every ELF shared object defines for the dynamic linker itself.
+_LINKER_SYMBOLS = {"_init", "_fini", "__bss_start", "_edata", "_end"}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the ELF symbol-table check is for Linux")
+def test_the_extension_exports_its_init_function_alone():
+    # Anything else exported can interpose on another library in the process:
+    # a statically linked libstdc++'s locale ids crashed a later `import torch`.
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    from muser import _core
+
+    listing = subprocess.run([nm, "-D", "--defined-only", _core.__file__], capture_output=True, text=True, check=True)
+    exported = {line.split()[-1] for line in listing.stdout.splitlines() if line.strip()}
+    assert exported - _LINKER_SYMBOLS == {"PyInit__core"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
+def test_torch_imported_after_muser_runs():
+    code = "import muser, torch; assert float(torch.ones(3).sum()) == 3.0; print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
+
 
 def test_eight_threads_mixed_calls_equal_a_serial_run(small_head, rng):
     head = muser.Head.load(small_head, route="canonical", threads=2)
