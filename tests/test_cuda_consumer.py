@@ -134,6 +134,49 @@ def test_long_consumer_grids_give_the_short_grids_results(files, route, acts):
             np.testing.assert_array_equal(got.tokens, cpu.sample(x, seed=3, positions=pos, **kw).tokens)
 
 
+def test_interleaved_calls_each_give_their_first_answer(files):
+    # score, logsumexp and draws of several settings and batch sizes, interleaved: each kind of
+    # call keeps its last few graphs (five settings here: more than it keeps, so some are made
+    # again), and every repeat must give the answer of its first call
+    path = files("Q5_K", 5003)
+    gpu = muser.Head.load(path, device="cuda", route="fused", acts="q8")
+    x = hidden_states(256, 3, seed=51)
+    pos = np.arange(3) + 11
+    calls = [lambda: gpu.score(x, np.array([1, 2, 3])).logprobs,
+             lambda: gpu.logsumexp(x),
+             lambda: gpu.score(x[1], 9).logprobs]
+    for kw in ({"temperature": 0.0}, {"top_k": 3}, {"top_p": 0.8}, {}, {"top_k": 40, "min_p": 0.02}):
+        calls.append(lambda kw=kw: gpu.sample(x, seed=4, positions=pos, **kw).processed_logprobs)
+        calls.append(lambda kw=kw: np.asarray(gpu.sample(x[:2], seed=4, positions=pos[:2], **kw).tokens))
+    first = [np.asarray(c()).tobytes() for c in calls]
+    for _ in range(3):
+        assert [np.asarray(c()).tobytes() for c in calls] == first  # bit for bit
+
+
+@pytest.mark.parametrize("route,acts", [("canonical", "f32"), ("fused", "q8")])
+def test_top_k_cut_by_selection_equals_the_cut_by_the_sort(files, route, acts):
+    # top_k alone takes topk_threshold's k best where it can (t <= 16, k <= the row's chunks
+    # of 1,024 ids: 147 here) and the sorted order elsewhere: the same cut, so the same draw
+    path = files("Q8_0", 150000)
+    gpu = muser.Head.load(path, device="cuda", route=route, acts=acts)
+    x = hidden_states(256, 20, seed=41)
+    pos = np.arange(20) + 7
+    few = np.zeros(150000, bool)
+    few[np.arange(10) * 15001] = True  # fewer allowed tokens than top_k: no cut at all
+    for kw in ({"top_k": 1}, {"top_k": 20}, {"top_k": 147}, {"top_k": 20, "temperature": 0.7, "min_p": 0.01},
+               {"top_k": 20, "allowed": few}):
+        by_sort = gpu.sample(x, seed=5, positions=pos, **kw)  # t = 20
+        halves = [gpu.sample(x[r:r + 10], seed=5, positions=pos[r:r + 10], **kw) for r in (0, 10)]  # t = 10
+        for field in ("tokens", "logprobs", "processed_logprobs", "kept_mass"):
+            got = np.concatenate([getattr(h, field) for h in halves])
+            want = getattr(by_sort, field)
+            if field != "tokens":
+                got, want = bits(got), bits(want)
+            np.testing.assert_array_equal(got, want, err_msg=f"{kw['top_k']} {field}")
+        if "allowed" in kw:
+            assert set(by_sort.tokens.tolist()) <= set(np.flatnonzero(few).tolist())
+
+
 @pytest.mark.parametrize("route,acts", [("canonical", "f32"), ("canonical", "q8")])
 def test_log_softmax_on_the_gpu_equals_the_cpu(files, route, acts):
     path = files("Q5_K", 5003)
@@ -173,6 +216,8 @@ SAMPLE_SETTINGS = [
     {"temperature": 0.6},
     {"temperature": 1.7},
     {"top_k": 1},
+    {"top_k": 5},  # top_k alone, k <= the row's 5 chunks of 1,024 ids: topk_threshold's cut, no sort
+    {"top_k": 4, "temperature": 0.5, "min_p": 0.1},
     {"top_k": 50},
     {"top_k": 5003},
     {"top_p": 0.9},

@@ -602,18 +602,16 @@ class CudaDevice final : public Device {
     const ScoreKey key{t, (int)m, group, check_x, x, ids, out_dev, score_results_.dev,
                        score_chunk_.mem->ptr, score_reduce_.pairs.mem->ptr, score_reduce_.acc.mem->ptr,
                        q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr};
-    if (!score_graph_.exec || !(score_graph_.key == key)) {
-      score_graph_.reset();
-      score_graph_.exec = instantiate(capture_stream([&] {
-                                        auto* bad = reinterpret_cast<unsigned long long*>(score_results_.dev);
-                                        if (check_x) fork_scan(x, (int64_t)t * H, bad);
-                                        enqueue_score(x, t, m, group, ids, out_dev);
-                                        if (check_x) join_scan();
-                                      }),
-                                      "cudaGraphInstantiate (score)");
-      score_graph_.key = key;
-    }
-    check(cudaGraphLaunch(score_graph_.exec, stream_), "cudaGraphLaunch (score)");
+    const cudaGraphExec_t exec = score_graphs_.get(key, [&] {
+      return instantiate(capture_stream([&] {
+                           auto* bad = reinterpret_cast<unsigned long long*>(score_results_.dev);
+                           if (check_x) fork_scan(x, (int64_t)t * H, bad);
+                           enqueue_score(x, t, m, group, ids, out_dev);
+                           if (check_x) join_scan();
+                         }),
+                         "cudaGraphInstantiate (score)");
+    });
+    check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch (score)");
     check(cudaStreamSynchronize(stream_), "score (synchronize)");
     out.first_nonfinite = check_x ? first_bad_index(score_results_.host, (int64_t)t * H) : -1;
     if (out.keep_on_device) {
@@ -743,8 +741,9 @@ class CudaDevice final : public Device {
   // Device::sample: the route and the draw as one CUDA graph per shape
   // (sample.cu's kernels; which of them run depends on the steps asked for),
   // the parameters and positions up and the results down through pinned
-  // memory. top_k and top_p take their cuts from a sort of each row's tokens
-  // in the kept-set order, in groups of kSampleOrderRows rows.
+  // memory. top_p (with or without top_k) takes its cut from a sort of each
+  // row's tokens in the kept-set order, in groups of kSampleOrderRows rows;
+  // top_k alone from topk_threshold's k best where it takes (V, t, k), else so.
   bool sample(const float* hidden, bool hidden_on_device, int t, SampleRequest& req, SampleResult* out) override {
     if (t < 1) throw ArgValueError("t must be >= 1");
     const SampleParams& p = req.params;
@@ -800,10 +799,20 @@ class CudaDevice final : public Device {
     const size_t state_bytes = (size_t)t * (sizeof(SampleRowState) + sizeof(unsigned));
     auto* state = static_cast<uint8_t*>(sample_state_.ensure_zeroed(state_bytes, ordinal_, "sampling row state", stream_));
     const int group = std::min(t, kSampleOrderRows);
+    const bool top_p = by_order && p.top_p < 1.0f;
+    const int select_k = by_order && !top_p && topk_threshold_fits(V, t, p.top_k) ? p.top_k : 0;
     void* keys = nullptr;
     void* sort_scratch = nullptr;
     size_t sort_bytes = 0;
-    if (by_order) {
+    void* select_scratch = nullptr;
+    unsigned* select_sync = nullptr;
+    uint8_t* best = nullptr;  // ids [t x select_k] (int64) | z [t x select_k]
+    if (select_k) {
+      select_scratch = sample_select_.ensure(topk_threshold_scratch_bytes(V, t), ordinal_, "top_k's selection");
+      select_sync = static_cast<unsigned*>(sample_select_sync_.ensure_zeroed(
+          select_sync_words(t) * sizeof(unsigned), ordinal_, "top_k's selection counters", stream_));  // kept 0
+      best = static_cast<uint8_t*>(sample_best_.ensure((size_t)t * select_k * 12, ordinal_, "top_k's best"));
+    } else if (by_order) {
       keys = sample_keys_.ensure(2 * (size_t)group * V * 8, ordinal_, "the kept-set order's keys");
       sort_bytes = sample_order_scratch_bytes(V, group, id_bits);
       sort_scratch = sample_sort_.ensure(std::max<size_t>(sort_bytes, 8), ordinal_, "the kept-set order's sort");
@@ -841,15 +850,14 @@ class CudaDevice final : public Device {
     a.out = reinterpret_cast<SampleResult*>(out_dev);
     a.result = reinterpret_cast<SampleResult*>(sample_results_.dev + 8);
     a.fold = folded_epilogue();
-    const bool top_p = by_order && p.top_p < 1.0f;
     a.kept_raw_pair = by_order || p.min_p > 0.0f || allowed;  // something may be dropped
     a.kept_z_pair = a.kept_raw_pair || bias || p.temperature != 1.0f;  // else z is x, bit for bit
-    const SampleKey key{t, by_order ? id_bits : 0, greedy, top_p, check_x, a.kept_z_pair, a.kept_raw_pair, x, bias,
-                        allowed, in, out_dev, sample_results_.dev, logits, z, pairs, state, keys,
-                        sort_scratch, q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr};
-    if (!sample_graph_.exec || !(sample_graph_.key == key)) {
-      sample_graph_.reset();
-      sample_graph_.exec = instantiate(capture_stream([&] {
+    const SampleKey key{t, by_order && !select_k ? id_bits : 0, select_k, greedy, top_p, check_x, a.kept_z_pair,
+                        a.kept_raw_pair, x, bias, allowed, in, out_dev, sample_results_.dev, logits, z, pairs, state,
+                        keys, sort_scratch, select_scratch, select_sync, best,
+                        q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr};
+    const cudaGraphExec_t exec = sample_graphs_.get(key, [&] {
+      return instantiate(capture_stream([&] {
         float* normed = static_cast<float*>(normed_.mem->ptr);
         if (check_x) fork_scan(x, (int64_t)t * H, reinterpret_cast<unsigned long long*>(sample_results_.dev));
         const size_t folded = a.fold.op == EpilogueOp::None ? nodes_.size() : nodes_.size() - 1;  // sample_prep's
@@ -857,7 +865,10 @@ class CudaDevice final : public Device {
           if (st.first != folded) enqueue(st, x, normed, logits, t);
         sample_prep(a, stream_);
         if (!greedy) {
-          for (int r0 = 0; by_order && r0 < t; r0 += group) {
+          if (select_k)
+            sample_top_k_by_select(a, select_k, select_scratch, select_sync, reinterpret_cast<int64_t*>(best),
+                                   reinterpret_cast<float*>(best + (size_t)t * select_k * 8), stream_);
+          for (int r0 = 0; by_order && !select_k && r0 < t; r0 += group) {
             const int rows = std::min(group, t - r0);
             sample_order(a, r0, rows, sort_scratch, sort_bytes, stream_);
             if (top_p) {
@@ -869,9 +880,8 @@ class CudaDevice final : public Device {
         }
         if (check_x) join_scan();
       }), "cudaGraphInstantiate (sample)");
-      sample_graph_.key = key;
-    }
-    check(cudaGraphLaunch(sample_graph_.exec, stream_), "cudaGraphLaunch (sample)");
+    });
+    check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch (sample)");
     check(cudaStreamSynchronize(stream_), "sample (synchronize)");
     std::memcpy(out, sample_results_.host + 8, (size_t)t * sizeof(SampleResult));
     req.first_nonfinite = check_x ? first_bad_index(sample_results_.host, (int64_t)t * H) : -1;
@@ -941,16 +951,17 @@ class CudaDevice final : public Device {
   };
   // What sample()'s captured graph bakes in.
   struct SampleKey {
-    int t = 0, order_bits = 0;
+    int t = 0, order_bits = 0, select_k = 0;
     bool greedy = false, top_p = false, check = false, z_pair = false, raw_pair = false;
     const void *x, *bias, *allowed, *in, *out, *results, *logits, *z, *pairs, *state, *keys, *sort_scratch,
-        *acts_q8, *normed;
+        *select_scratch, *select_sync, *best, *acts_q8, *normed;
     bool operator==(const SampleKey& o) const {
-      return t == o.t && order_bits == o.order_bits && greedy == o.greedy && top_p == o.top_p && check == o.check &&
-             z_pair == o.z_pair && raw_pair == o.raw_pair &&
+      return t == o.t && order_bits == o.order_bits && select_k == o.select_k && greedy == o.greedy &&
+             top_p == o.top_p && check == o.check && z_pair == o.z_pair && raw_pair == o.raw_pair &&
              x == o.x && bias == o.bias && allowed == o.allowed && in == o.in && out == o.out &&
              results == o.results && logits == o.logits && z == o.z && pairs == o.pairs && state == o.state &&
-             keys == o.keys && sort_scratch == o.sort_scratch && acts_q8 == o.acts_q8 && normed == o.normed;
+             keys == o.keys && sort_scratch == o.sort_scratch && select_scratch == o.select_scratch &&
+             select_sync == o.select_sync && best == o.best && acts_q8 == o.acts_q8 && normed == o.normed;
     }
   };
   // vocab_reduce's scratch for t rows of m chosen ids: the tile pairs, and the
@@ -993,8 +1004,34 @@ class CudaDevice final : public Device {
     CachedGraph& operator=(const CachedGraph&) = delete;
     ~CachedGraph() { reset(); }
   };
+  // The last few graphs of one kind of call, by key, so that calls which
+  // alternate settings (greedy and top_k draws, score and logsumexp, two batch
+  // sizes) replay their graphs instead of capturing and instantiating one
+  // (tens of microseconds) every call. The least recently used one makes way.
+  template <class Key, int kEntries = 4>
+  struct GraphCache {
+    CachedGraph<Key> entries[kEntries];
+    uint64_t last_use[kEntries] = {};
+    uint64_t uses = 0;
+    // The graph for `key`: a cached one, or make()'s (an instantiated graph).
+    template <class Make>
+    cudaGraphExec_t get(const Key& key, Make&& make) {
+      int victim = 0;
+      for (int i = 0; i < kEntries; ++i) {
+        if (entries[i].exec && entries[i].key == key) {
+          last_use[i] = ++uses;
+          return entries[i].exec;
+        }
+        if (last_use[i] < last_use[victim]) victim = i;
+      }
+      entries[victim].reset();
+      entries[victim].exec = make();
+      entries[victim].key = key;
+      last_use[victim] = ++uses;
+      return entries[victim].exec;
+    }
+  };
   using RouteGraph = CachedGraph<RouteKey>;
-  using ScoreGraph = CachedGraph<ScoreKey>;
   // What run_call adds to the route in its graph.
   struct CallExtras {
     bool scan = false;         // the NaN scan of x: result bytes [0, 8) get the first bad index (~0: none)
@@ -1349,13 +1386,14 @@ class CudaDevice final : public Device {
   Scratch score_ids_, score_out_, score_chunk_;  // score(): ids (long grids), results kept there, a group's logits
   ReduceScratch score_reduce_;
   MappedHost score_in_, score_results_;  // score(): the ids; the first bad index and the results
-  ScoreGraph score_graph_;
+  GraphCache<ScoreKey> score_graphs_;
   ReduceScratch lsm_reduce_;  // log_softmax()
   Scratch sample_out_, sample_logits_, sample_z_, sample_pairs_, sample_state_, sample_keys_, sample_sort_,
+      sample_select_, sample_select_sync_, sample_best_,
       sample_bias_, sample_allowed_;  // sample()
   MappedHost sample_in_, sample_results_;  // sample(): params | positions; the first bad index | results
   Scratch sample_in_dev_;                  // sample(): params | positions in device memory (long grids)
-  CachedGraph<SampleKey> sample_graph_;
+  GraphCache<SampleKey> sample_graphs_;
   Scratch lsm_lse_;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
 };

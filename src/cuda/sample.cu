@@ -185,23 +185,38 @@ __global__ void sample_order_keys_kernel(SampleKargs a, int row0, int rows) {
   }
 }
 
-// One thread per row of the group: top_k's cut (sample_kept_set: only when
-// top_k < the count of finite z), the last kept (z, id) as the threshold.
+// Row k's top_k cut (sample_kept_set: only when top_k < the count of finite z):
+// last_id, the top_k-th token of the kept-set order, is the threshold.
+__device__ __forceinline__ void set_top_k_cut(const SampleKargs& a, int64_t k, int top_k, int last_id) {
+  SampleRowState& r = a.rows[k];
+  r.has_cut = 0;
+  r.cut_count = (int)r.finite;
+  if (top_k > 0 && (unsigned)top_k < r.finite) {
+    r.has_cut = 1;
+    r.thr_id = last_id;
+    r.thr_z = a.z[k * a.V + last_id];
+    r.cut_count = top_k;
+  }
+}
+
+// One thread per row of the group: top_k's cut from the sorted order.
 __global__ void sample_threshold_kernel(SampleKargs a, int row0, int rows) {
   pdl_launch_dependents();
   const int64_t k = row0 + blockIdx.x;
   const SampleParams p = cta_params(a);
   if (threadIdx.x != 0) return;
-  SampleRowState& r = a.rows[k];
-  r.has_cut = 0;
-  r.cut_count = (int)r.finite;
-  if (p.top_k > 0 && (unsigned)p.top_k < r.finite) {
-    const int id = sorted_id(a, sorted_row(a, k, row0)[p.top_k - 1]);
-    r.has_cut = 1;
-    r.thr_id = id;
-    r.thr_z = a.z[k * a.V + id];
-    r.cut_count = p.top_k;
-  }
+  set_top_k_cut(a, k, p.top_k, p.top_k > 0 ? sorted_id(a, sorted_row(a, k, row0)[p.top_k - 1]) : 0);
+}
+
+// One thread per row: top_k's cut from topk_threshold's best_k best z of the row
+// (best_ids [t x best_k], in the kept-set order: larger z, then the lower id),
+// so no sort is needed; best_k is the top_k the graph was built for.
+__global__ void sample_threshold_best_kernel(SampleKargs a, const int64_t* best_ids, int best_k) {
+  pdl_launch_dependents();
+  const int64_t k = blockIdx.x;
+  const SampleParams p = cta_params(a);
+  if (threadIdx.x != 0) return;
+  set_top_k_cut(a, k, p.top_k, (int)best_ids[k * best_k + best_k - 1]);
 }
 
 // The kept set's pairs: with final = false, the pair of the z the order cut
@@ -370,6 +385,13 @@ void sample_order(const SampleKargs& a, int row0, int rows, void* sort_scratch, 
                                                  sample_order_bits(a.id_bits, rows), stream),
         "the kept-set order's sort");
   launch_consumer(sample_threshold_kernel, dim3((unsigned)rows), dim3(32), 0, stream, "sample_threshold", a, row0, rows);
+}
+
+void sample_top_k_by_select(const SampleKargs& a, int k, void* select_scratch, unsigned* select_sync,
+                            int64_t* best_ids, float* best_z, cudaStream_t stream) {
+  topk_threshold(a.z, a.V, a.t, k, select_scratch, select_sync, best_ids, best_z, stream);
+  launch_consumer(sample_threshold_best_kernel, dim3((unsigned)a.t), dim3(32), 0, stream, "sample_threshold", a,
+                  (const int64_t*)best_ids, k);
 }
 
 size_t sample_order_scratch_bytes(int64_t V, int rows, int id_bits) {
