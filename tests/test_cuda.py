@@ -611,3 +611,17 @@ def test_wide_heads_bitwise_equal_to_cpu_and_rows_equal_single_steps(wide_head, 
         assert_bitwise(batch, cpu(x).copy(), f"{name} {acts} t={t}")
         for r in sorted({0, 7, 8, 15, 16, 63, t - 1} & set(range(t))):
             assert_bitwise(gpu(x[r]), batch[r], f"{name} {acts} row {r} alone vs in a batch of {t}")
+
+
+def test_the_cuda_bench_runs_every_route_on_a_small_head(capsys):
+    # bench/cuda_head.py on a small shape: it must find each route's matvec in the profile
+    # ("lm_head", or "lm_head+softcap" where the fused q8 matvec stores through the cap)
+    pytest.importorskip("torch", reason="the bench makes its device hidden states with torch")
+    from muser._cuda_bench import main
+
+    assert main(["--hidden", "256", "--vocab", "5003", "--weight-type", "Q8_0", "--tokens", "1,3", "--reps", "2",
+                 "--warmup", "1", "--no-torch"]) == 0
+    out = capsys.readouterr().out
+    for route in ("graph", "fused", "canonical"):
+        for acts in ("f32", "q8"):
+            assert any(line.split()[:3] == [route, acts, "3"] for line in out.splitlines()), (route, acts)

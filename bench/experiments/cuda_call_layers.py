@@ -68,7 +68,20 @@ def main() -> int:
         ("head.topk(x, 50)", lambda: head.topk(x, 50)),
         ("head.topk(x, 50, check_finite=False)", lambda: head.topk(x, 50, check_finite=False)),
         ("head(x_host) (pinned host logits)", lambda: head(x_host)),
+        ("head.score(x, 7)", lambda: head.score(x[0], 7)),
+        ("head.logsumexp(x)", lambda: head.logsumexp(x[0])),
+        ("head.sample(x, temperature=0) (greedy)", lambda: head.sample(x[0], temperature=0.0)),
+        ("head.sample(x, temperature=0, check_finite=False)",
+         lambda: head.sample(x[0], temperature=0.0, check_finite=False)),
+        ("head.sample(x, seed, positions)", lambda: head.sample(x[0], seed=1, positions=5)),
+        ("head.sample(x, seed, positions, top_k=50)", lambda: head.sample(x[0], seed=1, positions=5, top_k=50)),
+        ("head.sample(x, seed, positions, top_p=0.9)", lambda: head.sample(x[0], seed=1, positions=5, top_p=0.9)),
     ]
+    if hasattr(_core, "device_sample"):
+        pos1 = np.zeros(1, np.uint64)
+        layers.append(("_core.device_sample(greedy, check_finite=False)",
+                       lambda: _core.device_sample(core, None, ptr, 1, pos1, 0, 0.0, 0, 1.0, 0.0, None, None, False,
+                                                   False, [])))
     if new_api:
         stream = torch.cuda.current_stream().cuda_stream
         layers += [

@@ -81,7 +81,8 @@ def time_route(head: Any, x_host: np.ndarray, x_dev: Any, warmup: int, reps: int
         totals.append(sum(p.seconds for p in prof))
         for p in prof:
             per_label.setdefault(p.label, []).append(p.seconds)
-        matvec.append(next(p.seconds for p in prof if p.label == "lm_head"))
+        # "lm_head", or "lm_head+softcap" where the matvec stores through the soft cap
+        matvec.append(next(p.seconds for p in prof if "lm_head" in p.label.split("+")))
     calls = []
     for _ in range(reps):
         s = time.perf_counter()
