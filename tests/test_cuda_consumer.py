@@ -154,27 +154,32 @@ def test_interleaved_calls_each_give_their_first_answer(files):
 
 
 @pytest.mark.parametrize("route,acts", [("canonical", "f32"), ("fused", "q8")])
-def test_top_k_cut_by_selection_equals_the_cut_by_the_sort(files, route, acts):
-    # top_k alone takes topk_threshold's k best where it can (t <= 16, k <= the row's chunks
-    # of 1,024 ids: 147 here) and the sorted order elsewhere: the same cut, so the same draw
+def test_top_k_cut_by_selection_equals_the_host_sampling(files, route, acts):
+    # top_k alone takes topk_threshold's k best of each group of 16 rows where it can (k <= the
+    # row's chunks of 1,024 ids: 147 here) and the sorted order elsewhere (k = 148): every field
+    # equals muser/sample.h over the device's own logits, at t = 20 (groups of 16 and 4) and 10
+    from muser import _sampling
     path = files("Q8_0", 150000)
     gpu = muser.Head.load(path, device="cuda", route=route, acts=acts)
     x = hidden_states(256, 20, seed=41)
     pos = np.arange(20) + 7
+    logits = np.array(gpu(x))
     few = np.zeros(150000, bool)
     few[np.arange(10) * 15001] = True  # fewer allowed tokens than top_k: no cut at all
-    for kw in ({"top_k": 1}, {"top_k": 20}, {"top_k": 147}, {"top_k": 20, "temperature": 0.7, "min_p": 0.01},
-               {"top_k": 20, "allowed": few}):
-        by_sort = gpu.sample(x, seed=5, positions=pos, **kw)  # t = 20
-        halves = [gpu.sample(x[r:r + 10], seed=5, positions=pos[r:r + 10], **kw) for r in (0, 10)]  # t = 10
-        for field in ("tokens", "logprobs", "processed_logprobs", "kept_mass"):
-            got = np.concatenate([getattr(h, field) for h in halves])
-            want = getattr(by_sort, field)
-            if field != "tokens":
-                got, want = bits(got), bits(want)
-            np.testing.assert_array_equal(got, want, err_msg=f"{kw['top_k']} {field}")
+    for kw in ({"top_k": 1}, {"top_k": 20}, {"top_k": 147}, {"top_k": 148},
+               {"top_k": 20, "temperature": 0.7, "min_p": 0.01}, {"top_k": 20, "allowed": few}):
+        params = _sampling.check_params(150000, seed=5, positions=pos, **{
+            "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "logit_bias": None, "allowed": None, **kw})
+        want = _sampling.sample_logits(logits, False, params, pos.astype(np.uint64))
+        halves = [gpu.sample(x[r:r + 10], seed=5, positions=pos[r:r + 10], **kw) for r in (0, 10)]
+        for got in (gpu.sample(x, seed=5, positions=pos, **kw),
+                    muser.Sample(*(np.concatenate([getattr(h, f) for h in halves]) for f in muser.Sample._fields))):
+            np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=str(kw["top_k"]))
+            for field in ("logprobs", "processed_logprobs", "kept_mass"):
+                np.testing.assert_array_equal(bits(getattr(got, field)), bits(getattr(want, field)),
+                                              err_msg=f"{kw['top_k']} {field}")
         if "allowed" in kw:
-            assert set(by_sort.tokens.tolist()) <= set(np.flatnonzero(few).tolist())
+            assert set(want.tokens.tolist()) <= set(np.flatnonzero(few).tolist())
 
 
 @pytest.mark.parametrize("route,acts", [("canonical", "f32"), ("canonical", "q8")])
@@ -278,6 +283,25 @@ def test_device_sample_from_device_hidden_states_checks_them(files):
         gpu.score(xd, np.zeros(4, np.int64))
     np.testing.assert_array_equal(gpu.sample(xd[[0, 2, 3]], seed=3, positions=pos[[0, 2, 3]], top_p=0.9).tokens,
                                   a.tokens[[0, 2, 3]])
+
+
+def test_device_hidden_states_at_new_addresses_give_the_host_inputs_results(files):
+    # score and sample copy a device hidden state into the head's own buffer, so their graphs
+    # do not depend on its address: six buffers in turn (more than a graph cache holds), the
+    # host input's results every time
+    torch = pytest.importorskip("torch", reason="torch makes the device hidden states")
+    path = files("Q5_K", 5003)
+    gpu = muser.Head.load(path, device="cuda", route="fused")
+    x = hidden_states(256, 3, seed=61)
+    pos = np.arange(3)
+    ids = np.array([4, 5, 4000])
+    want_score = gpu.score(x, ids).logprobs
+    want_draw = gpu.sample(x, seed=8, positions=pos, top_k=4).tokens
+    buffers = [torch.from_numpy(x).cuda() for _ in range(6)]
+    for _ in range(2):
+        for xd in buffers:
+            assert bits(gpu.score(xd, ids).logprobs).tolist() == bits(want_score).tolist()
+            np.testing.assert_array_equal(gpu.sample(xd, seed=8, positions=pos, top_k=4).tokens, want_draw)
 
 
 def test_device_sample_names_a_non_finite_row(files):

@@ -575,7 +575,7 @@ class CudaDevice final : public Device {
     DeviceScope scope(ordinal_);
     const int64_t H = spec_.hidden, V = spec_.vocab, m = out.m, n_ids = (int64_t)t * m;
     const size_t xbytes = (size_t)t * H * sizeof(float);
-    const float* x = device_hidden(hidden, hidden_on_device, xbytes, stream_);
+    const float* x = own_hidden(hidden, hidden_on_device, xbytes, stream_);
     normed_.ensure(xbytes, ordinal_, "normed hidden states");
     if (q8_) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
     const int group = std::min<int64_t>(t, score_group_tokens(V));
@@ -743,7 +743,8 @@ class CudaDevice final : public Device {
   // the parameters and positions up and the results down through pinned
   // memory. top_p (with or without top_k) takes its cut from a sort of each
   // row's tokens in the kept-set order, in groups of kSampleOrderRows rows;
-  // top_k alone from topk_threshold's k best where it takes (V, t, k), else so.
+  // top_k alone from topk_threshold's k best of each group where it takes
+  // (V, group, k), else so.
   bool sample(const float* hidden, bool hidden_on_device, int t, SampleRequest& req, SampleResult* out) override {
     if (t < 1) throw ArgValueError("t must be >= 1");
     const SampleParams& p = req.params;
@@ -774,7 +775,7 @@ class CudaDevice final : public Device {
     const int64_t H = spec_.hidden, V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
     const SampleParams& p = req.params;
     const size_t xbytes = (size_t)t * H * sizeof(float);
-    const float* x = device_hidden(hidden, hidden_on_device, xbytes, stream_);
+    const float* x = own_hidden(hidden, hidden_on_device, xbytes, stream_);
     normed_.ensure(xbytes, ordinal_, "normed hidden states");
     if (q8_) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
     const bool check_x = req.check_hidden && hidden_on_device;
@@ -800,18 +801,19 @@ class CudaDevice final : public Device {
     auto* state = static_cast<uint8_t*>(sample_state_.ensure_zeroed(state_bytes, ordinal_, "sampling row state", stream_));
     const int group = std::min(t, kSampleOrderRows);
     const bool top_p = by_order && p.top_p < 1.0f;
-    const int select_k = by_order && !top_p && topk_threshold_fits(V, t, p.top_k) ? p.top_k : 0;
+    // top_k alone: topk_threshold's k best, a group of rows at a time, where it takes (V, group, k)
+    const int select_k = by_order && !top_p && topk_threshold_fits(V, group, p.top_k) ? p.top_k : 0;
     void* keys = nullptr;
     void* sort_scratch = nullptr;
     size_t sort_bytes = 0;
     void* select_scratch = nullptr;
     unsigned* select_sync = nullptr;
-    uint8_t* best = nullptr;  // ids [t x select_k] (int64) | z [t x select_k]
+    uint8_t* best = nullptr;  // a group's ids [group x select_k] (int64) | z [group x select_k]
     if (select_k) {
-      select_scratch = sample_select_.ensure(topk_threshold_scratch_bytes(V, t), ordinal_, "top_k's selection");
+      select_scratch = sample_select_.ensure(topk_threshold_scratch_bytes(V, group), ordinal_, "top_k's selection");
       select_sync = static_cast<unsigned*>(sample_select_sync_.ensure_zeroed(
-          select_sync_words(t) * sizeof(unsigned), ordinal_, "top_k's selection counters", stream_));  // kept 0
-      best = static_cast<uint8_t*>(sample_best_.ensure((size_t)t * select_k * 12, ordinal_, "top_k's best"));
+          select_sync_words(group) * sizeof(unsigned), ordinal_, "top_k's selection counters", stream_));  // kept 0
+      best = static_cast<uint8_t*>(sample_best_.ensure((size_t)group * select_k * 12, ordinal_, "top_k's best"));
     } else if (by_order) {
       keys = sample_keys_.ensure(2 * (size_t)group * V * 8, ordinal_, "the kept-set order's keys");
       sort_bytes = sample_order_scratch_bytes(V, group, id_bits);
@@ -865,9 +867,10 @@ class CudaDevice final : public Device {
           if (st.first != folded) enqueue(st, x, normed, logits, t);
         sample_prep(a, stream_);
         if (!greedy) {
-          if (select_k)
-            sample_top_k_by_select(a, select_k, select_scratch, select_sync, reinterpret_cast<int64_t*>(best),
-                                   reinterpret_cast<float*>(best + (size_t)t * select_k * 8), stream_);
+          for (int r0 = 0; select_k && r0 < t; r0 += group)
+            sample_top_k_by_select(a, select_k, r0, std::min(group, t - r0), select_scratch, select_sync,
+                                   reinterpret_cast<int64_t*>(best),
+                                   reinterpret_cast<float*>(best + (size_t)group * select_k * 8), stream_);
           for (int r0 = 0; by_order && !select_k && r0 < t; r0 += group) {
             const int rows = std::min(group, t - r0);
             sample_order(a, r0, rows, sort_scratch, sort_bytes, stream_);
@@ -898,11 +901,20 @@ class CudaDevice final : public Device {
   // Hidden states in this device's memory: a device pointer as it is, host
   // rows uploaded on `s` into the head's hidden-state scratch.
   const float* device_hidden(const float* hidden, bool on_device, size_t xbytes, cudaStream_t s) {
-    if (on_device) return hidden;
+    return on_device ? hidden : own_hidden(hidden, false, xbytes, s);
+  }
+  // Hidden states in the head's own scratch: host rows uploaded, a device
+  // pointer's rows copied there. For the graphs keyed by their input's address
+  // (score, sample): an engine's hidden states move from call to call, and
+  // each new address captured and instantiated a graph (~160 us on the H200 at
+  // t = 1) where the copy costs a few.
+  const float* own_hidden(const float* hidden, bool on_device, size_t xbytes, cudaStream_t s) {
     float* dst = static_cast<float*>(hidden_.ensure(xbytes, ordinal_, "hidden states"));
-    check(cudaMemcpyAsync(dst, hidden, xbytes, cudaMemcpyHostToDevice, s), "upload of the hidden states");
+    check(cudaMemcpyAsync(dst, hidden, xbytes, on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice, s),
+          on_device ? "copy of the hidden states" : "upload of the hidden states");
     return dst;
   }
+
 
   int64_t find_nonfinite(const float* x, int64_t n) override {
     DeviceScope scope(ordinal_);

@@ -208,15 +208,16 @@ __global__ void sample_threshold_kernel(SampleKargs a, int row0, int rows) {
   set_top_k_cut(a, k, p.top_k, p.top_k > 0 ? sorted_id(a, sorted_row(a, k, row0)[p.top_k - 1]) : 0);
 }
 
-// One thread per row: top_k's cut from topk_threshold's best_k best z of the row
-// (best_ids [t x best_k], in the kept-set order: larger z, then the lower id),
-// so no sort is needed; best_k is the top_k the graph was built for.
-__global__ void sample_threshold_best_kernel(SampleKargs a, const int64_t* best_ids, int best_k) {
+// One thread per row of a group starting at row0: top_k's cut from
+// topk_threshold's best_k best z of the row (best_ids [rows x best_k], in the
+// kept-set order: larger z, then the lower id), so no sort is needed; best_k
+// is the top_k the graph was built for.
+__global__ void sample_threshold_best_kernel(SampleKargs a, int row0, const int64_t* best_ids, int best_k) {
   pdl_launch_dependents();
-  const int64_t k = blockIdx.x;
+  const int64_t r = blockIdx.x, k = row0 + r;
   const SampleParams p = cta_params(a);
   if (threadIdx.x != 0) return;
-  set_top_k_cut(a, k, p.top_k, (int)best_ids[k * best_k + best_k - 1]);
+  set_top_k_cut(a, k, p.top_k, (int)best_ids[r * best_k + best_k - 1]);
 }
 
 // The kept set's pairs: with final = false, the pair of the z the order cut
@@ -387,11 +388,11 @@ void sample_order(const SampleKargs& a, int row0, int rows, void* sort_scratch, 
   launch_consumer(sample_threshold_kernel, dim3((unsigned)rows), dim3(32), 0, stream, "sample_threshold", a, row0, rows);
 }
 
-void sample_top_k_by_select(const SampleKargs& a, int k, void* select_scratch, unsigned* select_sync,
-                            int64_t* best_ids, float* best_z, cudaStream_t stream) {
-  topk_threshold(a.z, a.V, a.t, k, select_scratch, select_sync, best_ids, best_z, stream);
-  launch_consumer(sample_threshold_best_kernel, dim3((unsigned)a.t), dim3(32), 0, stream, "sample_threshold", a,
-                  (const int64_t*)best_ids, k);
+void sample_top_k_by_select(const SampleKargs& a, int k, int row0, int rows, void* select_scratch,
+                            unsigned* select_sync, int64_t* best_ids, float* best_z, cudaStream_t stream) {
+  topk_threshold(a.z + (int64_t)row0 * a.V, a.V, rows, k, select_scratch, select_sync, best_ids, best_z, stream);
+  launch_consumer(sample_threshold_best_kernel, dim3((unsigned)rows), dim3(32), 0, stream, "sample_threshold", a,
+                  row0, (const int64_t*)best_ids, k);
 }
 
 size_t sample_order_scratch_bytes(int64_t V, int rows, int id_bits) {
