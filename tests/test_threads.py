@@ -37,7 +37,8 @@ def _thread_count() -> int:
 
 
 def test_head_at_the_maximum_equals_one_thread(head_file, rng):
-    # vocab 8192: more row chunks than MAX, so the pool really starts MAX - 1 workers
+    # vocab 8192: 128 row chunks (64 rows, matvec_row_grain), so 127 pool workers start:
+    # far more than the cores, which must not change a bit
     path = head_file(weight_type="Q8_0", hidden=256, vocab=8192)
     x = hidden_states(rng, 3, 256)
     counts_threads = os.path.isdir("/proc/self/task")
