@@ -867,12 +867,14 @@ class CudaDevice final : public Device {
           if (st.first != folded) enqueue(st, x, normed, logits, t);
         sample_prep(a, stream_);
         if (!greedy) {
-          for (int r0 = 0; select_k && r0 < t; r0 += group)
-            sample_top_k_by_select(a, select_k, r0, std::min(group, t - r0), select_scratch, select_sync,
-                                   reinterpret_cast<int64_t*>(best),
-                                   reinterpret_cast<float*>(best + (size_t)group * select_k * 8), stream_);
-          for (int r0 = 0; by_order && !select_k && r0 < t; r0 += group) {
+          for (int r0 = 0; by_order && r0 < t; r0 += group) {
             const int rows = std::min(group, t - r0);
+            if (select_k) {
+              sample_top_k_by_select(a, select_k, r0, rows, select_scratch, select_sync,
+                                     reinterpret_cast<int64_t*>(best),
+                                     reinterpret_cast<float*>(best + (size_t)group * select_k * 8), stream_);
+              continue;
+            }
             sample_order(a, r0, rows, sort_scratch, sort_bytes, stream_);
             if (top_p) {
               sample_kept_pairs(a, false, r0, rows, stream_);
@@ -914,7 +916,6 @@ class CudaDevice final : public Device {
           on_device ? "copy of the hidden states" : "upload of the hidden states");
     return dst;
   }
-
 
   int64_t find_nonfinite(const float* x, int64_t n) override {
     DeviceScope scope(ordinal_);
