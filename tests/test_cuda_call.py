@@ -94,6 +94,26 @@ def test_nonfinite_device_hidden_still_raises_everywhere(head):
     assert np.array_equal(bits(head(torch.from_numpy(good).cuda(), on_device=True).get()), bits(head(good)))
 
 
+def test_a_scan_that_raises_leaves_later_results_whole(head):
+    # on a stream the call waits for the NaN scan alone: when it raises, the route it did
+    # not wait for still runs into a pooled buffer; later calls on either stream must not
+    # get that buffer while it is being written
+    torch = pytest.importorskip("torch")
+    bad, good = rows(2), rows(2, seed=3)
+    bad[0, 3] = np.nan
+    want = head(good).copy()
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    bd, gd = torch.from_numpy(bad).cuda(), torch.from_numpy(good).cuda()
+    torch.cuda.synchronize()
+    held = []
+    for i in range(6):
+        with pytest.raises(muser.NonFiniteError, match="row 0, column 3"):
+            head(bd, on_device=True, stream=s1)
+        held.append(head(gd, on_device=True, stream=s2 if i % 2 else s1))
+    for i, dev in enumerate(held):
+        assert np.array_equal(bits(dev.get()), bits(want)), f"call {i}"
+
+
 def test_stream_on_a_torch_stream_without_waiting(head):
     torch = pytest.importorskip("torch")
     x = rows(5, seed=4)
@@ -114,8 +134,10 @@ def test_stream_on_a_torch_stream_without_waiting(head):
     # the default stream consumes through DLPack: it is made to wait for s
     dev = head(xd, on_device=True, check_finite=False, stream=s)
     assert np.array_equal(bits(torch.from_dlpack(dev).cpu().numpy()), bits(want))
-    # check_finite=True on a device row waits: the result is complete
-    assert head(xd, on_device=True, stream=s).stream is None
+    # check_finite=True on a device row waits for the scan alone: the route is still the stream's
+    dev = head(xd, on_device=True, stream=s)
+    assert dev.stream == s.cuda_stream
+    assert np.array_equal(bits(dev.get()), bits(want))
 
 
 def test_stream_on_a_cupy_stream(head):

@@ -217,9 +217,10 @@ def call(head: Any, hidden: Any, *, on_device: bool, out: Optional[np.ndarray],
 
     With ``on_device=True`` the call runs on ``stream`` (by default PyTorch's or CuPy's current
     stream when ``hidden`` is theirs; else the head's own stream, synchronized). On a stream it
-    does not wait for the GPU unless it must: ``check_finite=True`` on a device hidden state
-    waits (the scan's answer comes back to raise NonFiniteError), ``check_finite=False`` returns
-    at once with the work queued -- capturable in the caller's CUDA graph. See Head.__call__.
+    never waits for the route: ``check_finite=True`` on a device hidden state waits only for the
+    NaN scan that runs beside it (its answer raises NonFiniteError), ``check_finite=False``
+    returns at once with the work queued -- capturable in the caller's CUDA graph. See
+    Head.__call__.
     """
     caps = getattr(head, "_caps", None) or head.caps
     if not caps["resident_logits"]:
@@ -237,7 +238,7 @@ def call(head: Any, hidden: Any, *, on_device: bool, out: Optional[np.ndarray],
     nd, addr, _ = _core.device_run(head._core, rows, ptr, t, single, False, check_finite, log_softmax, handle,
                                    False)
     V = head._local_vocab  # a sharded head's own columns
-    pending = handle is not None and not (check_finite and rows is None)  # run_call's rule: a scan waits
+    pending = handle is not None  # run_call's rule: on a stream only the scan's answer is waited for
     logits = DeviceArray(nd, addr, (V,) if single else (t, V), head._core, caps, handle if pending else None)
     if on_device:
         if out is not None:

@@ -406,9 +406,10 @@ class Head:
           ``stream`` names the stream; ``__dlpack__(stream=...)`` makes the consumer's
           stream wait for it and ``get()`` waits too.
         - ``check_finite=True`` with a device hidden state: the NaN/inf scan runs in the
-          same graph as the route and the call waits for the stream to raise
-          :class:`muser.NonFiniteError` before anything is returned (inside a graph
-          capture this is refused with a ValueError: pass ``check_finite=False``).
+          same graph as the route, beside it, and the call waits for the scan alone -- it
+          raises :class:`muser.NonFiniteError` before anything is returned, else returns
+          with the route still queued on the stream, as above (inside a graph capture this
+          is refused with a ValueError: pass ``check_finite=False``).
 
         The buffer rule without waiting: a DeviceArray's buffer goes back to the head's
         pool when the array and everything made from it is gone; work that reads it must

@@ -444,13 +444,15 @@ class CudaDevice final : public Device {
       capturing = status != cudaStreamCaptureStatusNone;
     }
     const bool scan = req.check_finite && hidden_on_device;
-    const bool wait = req.wait || scan || req.k > 0 || !req.has_stream;
+    // wait: for the whole route; a scan alone waits for the scan's answer (it runs beside
+    // the route), then returns with the route queued, as a call without the scan does
+    const bool wait = req.wait || req.k > 0 || !req.has_stream;
     // A call that waits anyway on the legacy default stream (PyTorch's and CuPy's unless told
     // otherwise) runs on our own blocking stream instead: the same order both ways, and a
     // cheaper synchronize than the legacy stream's.
     const bool legacy = s == nullptr || s == cudaStreamLegacy;
     const cudaStream_t run_on = wait && legacy && !capturing ? own_stream_ : s;
-    if (capturing && wait)
+    if (capturing && (wait || scan))
       throw ArgValueError("the stream passed as stream= is being captured into a CUDA graph, and this call would "
                           "have to wait for the GPU (check_finite=True on a device hidden state, or a top-k): pass "
                           "check_finite=False to capture head(x, on_device=True)");
@@ -491,6 +493,7 @@ class CudaDevice final : public Device {
       res.ensure(ex.result_bytes);
       ex.result_dev = res.dev;
       ex.result_host = res.host;
+      if (scan) set_scan_word(ex.result_host, kScanPending);
     }
     if (req.k) ensure_select(t, req.k, req.ids_only);
     if (req.log_softmax) ensure_log_softmax(t);  // before any capture: a first sizing zeroes and synchronizes
@@ -515,12 +518,14 @@ class CudaDevice final : public Device {
       return r;
     }
     if (!wait) {
+      if (scan) r.first_bad = await_scan(ex.result_host, run_on, (int64_t)t * H);
       // later work on our own stream (and calls on other streams) is ordered after this call
+      // (a call whose scan found a bad number too: its route still runs into the slot)
       check(cudaEventRecord(done_ev_, run_on), "cudaEventRecord (call)");
       check(cudaStreamWaitEvent(own_stream_, done_ev_, 0), "cudaStreamWaitEvent (call)");
       pending_ = true;
       pending_stream_ = run_on;
-      r.logits = mem;
+      if (r.first_bad < 0) r.logits = mem;
       return r;
     }
     check(cudaStreamSynchronize(run_on), "the route's kernels (synchronize)");
@@ -710,6 +715,36 @@ class CudaDevice final : public Device {
     const size_t mv = matvec_node();
     if (step_of(mv).count != 1 || mv + 2 != nodes_.size()) return EpilogueFold{};
     return epilogue_fold(nodes_.back());
+  }
+
+  // The scan's answer word in mapped host memory: kScanPending until the scan
+  // kernel writes the first bad index (or ~0: none) over it.
+  static constexpr uint64_t kScanPending = ~0ull - 1;
+  static void set_scan_word(uint8_t* host, uint64_t v) { *reinterpret_cast<volatile uint64_t*>(host) = v; }
+  static uint64_t scan_word(const uint8_t* host) {
+    const uint64_t v = *reinterpret_cast<const volatile uint64_t*>(host);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return v;
+  }
+  // Spins until the scan beside the route has answered (a few microseconds
+  // after the launch: the route goes on running), asking the stream now and
+  // then so a failed launch raises instead of spinning forever. The first bad
+  // index of the n hidden values, or -1.
+  int64_t await_scan(uint8_t* host, cudaStream_t s, int64_t n) {
+    uint64_t v = scan_word(host);
+    for (unsigned spins = 1; v == kScanPending; ++spins) {
+      if (spins % 4096 == 0) {
+        const cudaError_t e = cudaStreamQuery(s);
+        v = scan_word(host);
+        if (v != kScanPending) break;
+        if (e != cudaErrorNotReady) {
+          check(e, "the NaN scan of the hidden state");
+          throw DeviceError("the NaN scan of the hidden state finished without an answer");
+        }
+      }
+      v = scan_word(host);
+    }
+    return v < (uint64_t)n ? (int64_t)v : -1;
   }
 
   // The NaN scan of a device hidden state on a side branch of the graph being
