@@ -85,6 +85,15 @@ __device__ __forceinline__ void mma_u8s8_k16(int (&d)[4], uint32_t a0, uint32_t 
       : "r"(a0), "r"(a1), "r"(b), "r"(0));
 }
 
+// D(f32) = A(16x16 f16) B(16x8 f16); A = {row G k 2q.., row G+8 k 2q.., row G k 8+2q.., row G+8 k 8+2q..},
+// B = {k 2q.., k 8+2q..} of column G (two halves a register)
+__device__ __forceinline__ void mma_f16_k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
 // sum of 4 byte products: unsigned x unsigned, unsigned x signed, signed x unsigned, signed x signed
 __device__ __forceinline__ int dp4a_uu(uint32_t a, uint32_t b, int c) {
   int d;
@@ -143,12 +152,28 @@ struct Q8Smem {
   int tile_stride;     // bytes between token tiles (8 tokens)
   const uint8_t* rec;  // record of token 2q of tile 0 for the unit's first meta block
   int tok_stride;      // bytes between consecutive tokens' records
+  const uint8_t* rec_b;  // f16 mins records (Q8Staging): token G's of tile 0, at the lane's 8q
   int tiles;           // token tiles holding a token < t: later tiles read the last one's quants
+  int q;               // the lane's quad (lane & 3)
   // token tile nt's quants: tiles past t compute on the last staged tile (their sums are never
   // written) through a select, not a branch, so the tiles' mmas interleave
   __device__ __forceinline__ const int8_t* tile_x(int nt) const { return x + (nt < tiles ? nt : tiles - 1) * tile_stride; }
 };
 
+constexpr int kQ8F16RecBytes = 40;
+// How a kernel instance stages the records. Lanes that keep two tokens (kJ = 2)
+// of a K-quant with mins take the mins' sums on the tensor cores: an f16 mma
+// of the 8 mins (and 256 x them) against the token's 8 sub-block sums split as
+// lo + 256 * hi (lo 0..255, hi -16..15), every product and partial sum an
+// integer below 2^24, so the f32 result is the integer msum exactly. Their
+// staged record (kQ8F16RecBytes) is, per token and block:
+//   [q = 0..3: half2(lo_2q, lo_2q+1), half2(hi_2q, hi_2q+1)] (32 B) | dx | pad
+// The others (one token a lane, t = 1) keep the dp4a path on the raw record.
+template <class Dec, int kJ>
+struct Q8Staging {
+  static constexpr bool kF16Mins = Dec::kMins && kJ == 2;
+  static constexpr int kRecBytes = kF16Mins ? kQ8F16RecBytes : Dec::kRec;
+};
 // ---------------------------------------------------------------- Q4_K / Q5_K
 
 // Scales and mins of a K-quant block header (d | dmin << 16, scales[0..3], [4..7], [8..11]):
@@ -190,6 +215,44 @@ __device__ __forceinline__ void kquant45_float_step(const KScales (&ks)[2], cons
         acc_m[nt][i] = q8_block_step(acc_m[nt][i], dx, ks[r].dmin, msum);
       }
     }
+}
+
+// The same for lanes that keep both tokens (kJ = 2), with the mins' sums from an
+// f16 mma (Q8Staging): A = the block's mins of sub-blocks 2q, 2q + 1 (rows G,
+// G + 8), then 256 x them; B = token G's staged halves; D = msum of the lane's
+// four (row, token) pairs, exactly, in the isum fragment's order.
+template <int NT>
+__device__ __forceinline__ void kquant45_float_step_f16(const KScales (&ks)[2], const int (&isum)[NT][4],
+                                                        const Q8Smem& sm, float (&acc_q)[NT][4],
+                                                        float (&acc_m)[NT][4]) {
+  uint32_t am[4];
+  const uint32_t sel = (sm.q & 1) ? 0x4342u : 0x4140u;  // bytes 2q, 2q + 1 of the word into halves 0x64..
+  const __half2 k1024 = __float2half2_rn(1024.0f), k256 = __float2half2_rn(256.0f);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t w = (sm.q >> 1) ? ks[r].m[1] : ks[r].m[0];
+    const uint32_t biased = __byte_perm(w, 0x64u, sel);  // halves 1024 + m (exact: m < 64)
+    const __half2 m = __hsub2(*reinterpret_cast<const __half2*>(&biased), k1024);
+    const __half2 m256 = __hmul2(m, k256);
+    am[r] = *reinterpret_cast<const uint32_t*>(&m);
+    am[2 + r] = *reinterpret_cast<const uint32_t*>(&m256);
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const uint2 b = *reinterpret_cast<const uint2*>(sm.rec_b + nt * 8 * sm.tok_stride);
+    float msum[4];
+    mma_f16_k16(msum, am, b.x, b.y);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float dx = *reinterpret_cast<const float*>(sm.rec + (nt * 8 + j) * sm.tok_stride + 32);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 2 * r + j;
+        acc_q[nt][i] = q8_block_step(acc_q[nt][i], dx, ks[r].d, isum[nt][i]);
+        acc_m[nt][i] = q8_block_step_exact(acc_m[nt][i], dx, ks[r].dmin, msum[i]);
+      }
+    }
+  }
 }
 
 // One block of sub-blocks 2c, 2c+1 for every tile: isum += sc * (A . B)
@@ -315,7 +378,8 @@ struct Q8DecKQuant {  // Q5_K (kHigh) or Q4_K, repacked (device_layout.h)
       }
       kquant_pair_mma<NT, kJ>(alo, ahi, ks, c, sm, isum);
     }
-    kquant45_float_step<NT, kJ>(ks, isum, sm, acc_q, acc_m);
+    if constexpr (Q8Staging<Q8DecKQuant, kJ>::kF16Mins) kquant45_float_step_f16<NT>(ks, isum, sm, acc_q, acc_m);
+    else kquant45_float_step<NT, kJ>(ks, isum, sm, acc_q, acc_m);
   }
 };
 using Q8DecQ5K = Q8DecKQuant<true>;
@@ -518,13 +582,21 @@ struct Q8MinCtasPerSm {
 // quads q = 0..3, which read tokens 2q (32 * odd * q bytes apart mod 128),
 // hit four different groups of banks; a dense pitch (832 bytes for Q5_K at
 // 6,656 columns) put all four on the same banks.
-MUSER_HD constexpr int q8_rec_pitch(int mblocks, int rec_bytes) { return ((mblocks * rec_bytes + 15) / 16 | 1) * 16; }
+//
+// The f16 mins records (kQ8F16RecBytes, Q8Staging) are read twice: lanes
+// (G, q) take 8 bytes of token G's at 8q for the mma (a half-warp reads tokens
+// 0..3 or 4..7: a pitch of 32 x odd bytes puts each token's 32 on banks of its
+// own), and lane quads read token 2q's scale (broadcast).
+MUSER_HD constexpr int q8_rec_pitch(int mblocks, int rec_bytes) {
+  return rec_bytes == kQ8F16RecBytes ? ((mblocks * rec_bytes + 31) / 32 | 1) * 32
+                                     : ((mblocks * rec_bytes + 15) / 16 | 1) * 16;
+}
 
 // Copies columns [col0, col0 + chunk_cols) of the TT tokens' quants and the
 // records of their blocks into shared memory (zeros for tokens >= t and
 // columns past the quantized width); token k's records start at
 // k * q8_rec_pitch.
-template <class Dec>
+template <class Dec, int kJ>
 __device__ __forceinline__ void stage_q8(int8_t* xs, uint8_t* ms, const Q8Args& a, int64_t col0, int chunk_cols,
                                          int pitch, int TT, int XR) {  // XR <= TT: tokens whose quants are staged
   const int vecs = chunk_cols / 16;
@@ -535,18 +607,35 @@ __device__ __forceinline__ void stage_q8(int8_t* xs, uint8_t* ms, const Q8Args& 
     if (k < a.t && col < a.xq_pitch) val = *reinterpret_cast<const uint4*>(a.xq + k * a.xq_pitch + col);
     *reinterpret_cast<uint4*>(xs + k * pitch + 16 * v) = val;
   }
-  constexpr int kWords = Dec::kRec / 4;
+  using St = Q8Staging<Dec, kJ>;
+  constexpr int kWords = St::kRecBytes / 4;
   const int mblocks = chunk_cols / Dec::kMetaCols;
   const int64_t mb0 = col0 / Dec::kMetaCols;
   const uint32_t* meta = reinterpret_cast<const uint32_t*>(a.meta);
   uint32_t* dst = reinterpret_cast<uint32_t*>(ms);
-  const int pitch_words = q8_rec_pitch(mblocks, Dec::kRec) / 4;
+  const int pitch_words = q8_rec_pitch(mblocks, St::kRecBytes) / 4;
   for (int i = threadIdx.x; i < TT * pitch_words; i += blockDim.x) {
     const int k = i / pitch_words, rest = i - k * pitch_words;
     const int mb = rest / kWords, w = rest - mb * kWords;
     uint32_t val = 0;
-    if (k < a.t && mb < mblocks && mb0 + mb < a.meta_per_token)
-      val = meta[(k * a.meta_per_token + mb0 + mb) * kWords + w];
+    if (k < a.t && mb < mblocks && mb0 + mb < a.meta_per_token) {
+      const uint32_t* src = meta + (k * a.meta_per_token + mb0 + mb) * (Dec::kRec / 4);
+      if constexpr (St::kF16Mins) {
+        // words 2q, 2q + 1: the lo and hi halves of sub-blocks 2q, 2q + 1; word 8: dx (src word 4)
+        if (w < 8) {
+          const int s0 = 2 * (w >> 1), hi = w & 1;
+          const uint32_t bytes = src[2 * hi + (s0 >> 2)] >> (8 * (s0 & 3));  // sub-blocks s0, s0 + 1
+          const int v0 = hi ? (int)(int8_t)(bytes & 0xffu) : (int)(bytes & 0xffu);
+          const int v1 = hi ? (int)(int8_t)((bytes >> 8) & 0xffu) : (int)((bytes >> 8) & 0xffu);
+          const __half2 h = __halves2half2(__int2half_rn(v0), __int2half_rn(v1));
+          val = *reinterpret_cast<const uint32_t*>(&h);
+        } else if (w == 8) {
+          val = src[4];
+        }
+      } else {
+        val = src[w];
+      }
+    }
     dst[i] = val;
   }
 }
@@ -602,13 +691,13 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
 
   // lane offsets into the staged tile: token G's quants at the lane's positions; token 2q's records
   const int x_lane = G * pitch + Dec::kLaneBytes * q;
-  const int rec_pitch = q8_rec_pitch(mblocks, Dec::kRec);
-  const int rec_lane = 2 * q * rec_pitch;
+  const int rec_pitch = q8_rec_pitch(mblocks, Q8Staging<Dec, 2>::kRecBytes);
+  const int rec_lane = 2 * q * rec_pitch, rec_b_lane = G * rec_pitch + 8 * q;
 
   pdl_launch_dependents();
   pdl_wait();  // the quantized activations are the previous kernel's output
   if (one_chunk) {
-    stage_q8<Dec>(xs, ms, a, 0, chunk_cols, pitch, TT, TT);
+    stage_q8<Dec, 2>(xs, ms, a, 0, chunk_cols, pitch, TT, TT);
     __syncthreads();
   }
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
@@ -626,11 +715,13 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
     for (int u = 0; u < units; ++u) {
       if (!one_chunk && uc == 0) {
         __syncthreads();  // every warp is done with the previous chunk
-        stage_q8<Dec>(xs, ms, a, (int64_t)u * Dec::kUnit, chunk_cols, pitch, TT, TT);
+        stage_q8<Dec, 2>(xs, ms, a, (int64_t)u * Dec::kUnit, chunk_cols, pitch, TT, TT);
         __syncthreads();
       }
       const int mb = uc * (Dec::kUnit / Dec::kMetaCols);  // first record of the unit in the chunk
-      const Q8Smem sm{xs + x_lane + uc * Dec::kUnit, 8 * pitch, ms + rec_lane + mb * Dec::kRec, rec_pitch, NT};
+      const int mb_off = mb * Q8Staging<Dec, 2>::kRecBytes;
+      const Q8Smem sm{xs + x_lane + uc * Dec::kUnit, 8 * pitch, ms + rec_lane + mb_off, rec_pitch,
+                      ms + rec_b_lane + mb_off, NT, q};
       const int blocks_left = blocks - u * (Dec::kUnit / Dec::kMetaCols);
       if ((u & 1) == 0) {
         Dec::template load<1>(odd, ptr);
@@ -734,7 +825,8 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = lane >> 2, q = lane & 3;
   int8_t* xs = reinterpret_cast<int8_t*>(smem_q8);                                 // [XR][pitch]
   uint8_t* ms = reinterpret_cast<uint8_t*>(xs + XR * pitch);                        // [TT][mblocks] records
-  uint8_t* ws = ms + TT * q8_rec_pitch(mblocks, Dec::kRec) + warp * (S * kStage);   // this warp's [S][16][block]
+  constexpr int kRecBytes = Q8Staging<Dec, kJ>::kRecBytes;
+  uint8_t* ws = ms + TT * q8_rec_pitch(mblocks, kRecBytes) + warp * (S * kStage);  // this warp's [S][16][block]
 
   const int units = (int)((a.cols + Dec::kUnit - 1) / Dec::kUnit);
   const int blocks = (int)(a.cols / Dec::kMetaCols);
@@ -743,8 +835,8 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
   const int64_t groups = (a.rows + kWarps * kQ8RowsPerWarp - 1) / (kWarps * kQ8RowsPerWarp);
 
   const int x_lane = (G < XR ? G : XR - 1) * pitch + Dec::kLaneBytes * q;
-  const int rec_pitch = q8_rec_pitch(mblocks, Dec::kRec);
-  const int rec_lane = 2 * q * rec_pitch;
+  const int rec_pitch = q8_rec_pitch(mblocks, kRecBytes);
+  const int rec_lane = 2 * q * rec_pitch, rec_b_lane = G * rec_pitch + 8 * q;
   // copy lanes: a unit is kPieces 16-byte pieces, contiguous in memory and in the stage;
   // lane l copies pieces l, l + 32, ...: each instruction reads 512 contiguous bytes
   constexpr int kPieces = kStage / 16, kPerLane = (kPieces + 31) / 32;
@@ -791,7 +883,7 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
   if (lane == 0 && warm > 0) prefetch_l2_bulk(tile_src(0) - 16 * lane + (int64_t)(S - 1) * kStage, (uint32_t)(warm * kStage));
   pdl_wait();  // the quantized activations are the previous kernel's output
   if (one_chunk) {
-    stage_q8<Dec>(xs, ms, a, 0, chunk_cols, pitch, TT, XR);
+    stage_q8<Dec, kJ>(xs, ms, a, 0, chunk_cols, pitch, TT, XR);
     __syncthreads();
   }
 
@@ -808,14 +900,16 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
     for (int u = 0; u < units; ++u) {
       if (!one_chunk && uc == 0) {
         __syncthreads();
-        stage_q8<Dec>(xs, ms, a, (int64_t)u * Dec::kUnit, chunk_cols, pitch, TT, XR);
+        stage_q8<Dec, kJ>(xs, ms, a, (int64_t)u * Dec::kUnit, chunk_cols, pitch, TT, XR);
         __syncthreads();
       }
       cp_async_wait<S - 2>();  // this lane's pieces of this unit have landed
       __syncwarp();            // ... and every lane's; every lane is done with stage wr (the unit before)
       issue_next(wr);
       const int mb = uc * (Dec::kUnit / Dec::kMetaCols);
-      const Q8Smem sm{xs + x_lane + uc * Dec::kUnit, 8 * pitch, ms + rec_lane + mb * Dec::kRec, rec_pitch, tiles};
+      const int mb_off = mb * kRecBytes;
+      const Q8Smem sm{xs + x_lane + uc * Dec::kUnit, 8 * pitch, ms + rec_lane + mb_off, rec_pitch,
+                      ms + rec_b_lane + mb_off, tiles, q};
       const int blocks_left = blocks - u * (Dec::kUnit / Dec::kMetaCols);
       typename Dec::Raw r;
       Dec::load_staged(r, ws + rd * kStage, G, q);
@@ -869,14 +963,15 @@ template <class Dec>
 void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
   auto go = [&](auto tiles) {
     constexpr int NT = decltype(tiles)::value;
-    const Q8Plan p = plan_matvec_q8(a, 8 * NT, Dec::kMetaCols, Dec::kRec, 8 * NT);
+    const Q8Plan p = plan_matvec_q8(a, 8 * NT, Dec::kMetaCols, Q8Staging<Dec, 2>::kRecBytes, 8 * NT);
     launch_matvec_q8_kernel(reinterpret_cast<const void*>(&matvec_q8_kernel<Dec, NT>), a, p, stream);
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
   if constexpr (Q8Stageable<Dec>::value) {
     if (a.t <= 8) {
-      const Q8Plan p = plan_matvec_q8(a, 8, Dec::kMetaCols, Dec::kRec, q8_staged_tokens(a.t, 8));
+      const int rec_bytes = a.t == 1 ? Q8Staging<Dec, 1>::kRecBytes : Q8Staging<Dec, 2>::kRecBytes;  // kJ below
+      const Q8Plan p = plan_matvec_q8(a, 8, Dec::kMetaCols, rec_bytes, q8_staged_tokens(a.t, 8));
       constexpr int kStage = Q8StagedCta<1>::warps * kQ8RowsPerWarp * Dec::kUnitBytes;
       const int S = q8_staged_stages(a, p, kStage);
       auto staged = [&](auto stages, auto lane_tokens) {
@@ -904,7 +999,7 @@ void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
         constexpr int kStage = Cta::warps * kQ8RowsPerWarp * Dec::kUnitBytes;
         const size_t optin = q8_smem_optin();
         if (optin <= 2 * (size_t)kStage + 16 * 1024) return false;
-        Q8Plan p = plan_matvec_q8(a, 8 * NT, Dec::kMetaCols, Dec::kRec, q8_staged_tokens(a.t, 8 * NT),
+        Q8Plan p = plan_matvec_q8(a, 8 * NT, Dec::kMetaCols, Q8Staging<Dec, 2>::kRecBytes, q8_staged_tokens(a.t, 8 * NT),
                                   optin - 2 * (size_t)kStage);
         if (q8_staged_stages(a, p, kStage) < 2) return false;  // does not fit, or MUSER_Q8_STAGES=0
         p.smem_bytes += 2 * (size_t)kStage;

@@ -16,11 +16,19 @@
 
 namespace muser {
 
-// acc + (dx * d) * isum, one rounding for the product dx * d and one fma.
+// acc + (dx * d) * sum, one rounding for the product dx * d and one fma; sum is
+// an integer sum already in f32, exactly (|sum| < 2^24: CUDA's mins sums come
+// from the tensor cores as f32).
+template <class V = F32Ops>
+MUSER_HD typename V::F q8_block_step_exact(typename V::F acc, typename V::F dx, typename V::F d, typename V::F sum) {
+  const typename V::F s = V::mul(dx, d);
+  return V::fma(s, sum, acc);
+}
+
+// acc + (dx * d) * isum: the step above on the integer sum.
 template <class V = F32Ops>
 MUSER_HD typename V::F q8_block_step(typename V::F acc, typename V::F dx, typename V::F d, typename V::I isum) {
-  const typename V::F s = V::mul(dx, d);
-  return V::fma(s, V::cvt(isum), acc);
+  return q8_block_step_exact<V>(acc, dx, d, V::cvt(isum));
 }
 
 // Q8_0's order (ggml's): acc + isum * (d * dx).
