@@ -640,14 +640,40 @@ __device__ __forceinline__ void stage_q8(int8_t* xs, uint8_t* ms, const Q8Args& 
   }
 }
 
-// The lane's logits of a (row, token) tile: y[nt][i] is token nt*8 + 2q + (i & 1)
-// of row r + 8*(i >> 1) (the mma C fragment), stored, then -- when the route
-// fuses its element-wise node into the matvec -- each rewritten through that
-// node (epilogue.cuh, the epilogue kernel's function on the same operand). The
-// rewrite is a plain loop over the lane's own stores; tiles of more than
-// kQ8FoldMaxTokens tokens leave it to a kernel of its own.
+// y through the route's element-wise node (epilogue.cuh: the epilogue kernel's
+// function on the same operand, so the same bits), in registers: one switch
+// on the node, then the node on every element.
 template <int NT>
-__device__ __forceinline__ void store_q8_tile(const Q8Args& a, const float (&y)[NT][4], int q, int64_t r) {
+__device__ __forceinline__ void fold_q8_tile(const EpilogueFold& e, float (&y)[NT][4]) {
+  auto each = [&](auto op) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) y[nt][i] = epilogue_op<decltype(op)::value>(y[nt][i], e.f0, e.f1, e.f2);
+  };
+  switch (e.op) {
+    case EpilogueOp::Scale: each(std::integral_constant<EpilogueOp, EpilogueOp::Scale>{}); break;
+    case EpilogueOp::Tanh: each(std::integral_constant<EpilogueOp, EpilogueOp::Tanh>{}); break;
+    case EpilogueOp::SoftcapFused: each(std::integral_constant<EpilogueOp, EpilogueOp::SoftcapFused>{}); break;
+    case EpilogueOp::SoftcapReference: each(std::integral_constant<EpilogueOp, EpilogueOp::SoftcapReference>{}); break;
+    case EpilogueOp::SoftcapCanon: each(std::integral_constant<EpilogueOp, EpilogueOp::SoftcapCanon>{}); break;
+    case EpilogueOp::None: break;
+  }
+}
+
+// Stores the lane's logits of a (row, token) tile: y[nt][i] is token nt*8 + 2q + (i & 1)
+// of row r + 8*(i >> 1) (the mma C fragment) -- first through the route's
+// element-wise node when the route fuses it into the matvec (fold_q8_tile; it
+// was a rewrite of the stored logits, which waited on an L2 round trip per
+// logit: 1.3 x the read limit on the Gemma-3 head's short rows). Tiles of more
+// than kQ8FoldMaxTokens tokens leave the node to a kernel of its own.
+template <int NT>
+__device__ __forceinline__ void store_q8_tile(const Q8Args& a, float (&y)[NT][4], int q, int64_t r) {
+  if constexpr (8 * NT > kQ8FoldMaxTokens) {
+    if (a.fold.op != EpilogueOp::None) __trap();  // the caller runs the node as a kernel (kQ8FoldMaxTokens)
+  } else {
+    fold_q8_tile<NT>(a.fold, y);
+  }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -656,20 +682,6 @@ __device__ __forceinline__ void store_q8_tile(const Q8Args& a, const float (&y)[
       const int64_t row = r + 8 * (i >> 1);
       if (k < a.t && row < a.rows) a.y[k * a.ldy + row] = y[nt][i];
     }
-  if constexpr (8 * NT > kQ8FoldMaxTokens) {
-    if (a.fold.op != EpilogueOp::None) __trap();  // the caller runs the node as a kernel (kQ8FoldMaxTokens)
-    return;
-  }
-  if (a.fold.op == EpilogueOp::None) return;
-#pragma unroll 1
-  for (int j = 0; j < 4 * NT; ++j) {
-    const int k = (j / 4) * 8 + 2 * q + (j & 1);
-    const int64_t row = r + 8 * ((j & 3) >> 1);
-    if (k < a.t && row < a.rows) {
-      float* p = a.y + k * a.ldy + row;
-      *p = epilogue_apply(a.fold, *p);
-    }
-  }
 }
 
 template <class Dec, int NT>
