@@ -312,9 +312,14 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
 }
 
 // One warp per row of the group: top_p's cut (sample_top_p_count) over the
-// sorted order -- each lane computes one e^(z - m) of every 32, then every
-// lane adds the 32 in order (the same running sum on each lane). The cut's
-// last token becomes the threshold.
+// sorted order. Each lane computes the e^(z - m) of one token in every 32,
+// kTopPGroup of them (256 tokens) at a time, the next group's loads in
+// flight while every lane adds this group's weights in order (shuffled: the
+// same running sum on each lane). The additions are the only chain -- the
+// first crossing is kept by a select beside it, and zeros past n add nothing
+// -- so a token costs an FADD's latency, not a load's and a branch's. The
+// cut's last token becomes the threshold.
+constexpr int kTopPGroup = 8;
 __global__ void sample_top_p_kernel(SampleKargs a, int row0) {
   pdl_launch_dependents();
   const int64_t k = row0 + blockIdx.x;
@@ -325,23 +330,34 @@ __global__ void sample_top_p_kernel(SampleKargs a, int row0) {
   const float m = r.cut_pair.m, target = p.top_p * r.cut_pair.s;
   const unsigned long long* keys = sorted_row(a, k, row0);
   const float* z = a.z + k * a.V;
+  auto weights = [&](int base, float (&w)[kTopPGroup]) {
+#pragma unroll
+    for (int g = 0; g < kTopPGroup; ++g) {
+      const int j = base + 32 * g + lane;
+      w[g] = j < n ? canon_exp_nonpos(z[sorted_id(a, keys[j])] - m) : 0.0f;
+    }
+  };
   float c = 0.0f;
   int cut = n;  // not reached: the whole kept set
-  for (int base = 0; base < n; base += 32) {
-    const int j = base + lane;
-    const float w = j < n ? canon_exp_nonpos(z[sorted_id(a, keys[j])] - m) : 0.0f;
+  float w[kTopPGroup];
+  weights(0, w);
+  for (int base = 0; base < n; base += 32 * kTopPGroup) {
+    float next[kTopPGroup];
+    weights(base + 32 * kTopPGroup, next);
     int found = -1;
-    for (int l = 0; l < 32 && base + l < n; ++l) {
-      c = c + __shfl_sync(0xffffffffu, w, l);
-      if (c >= target) {
-        found = base + l + 1;
-        break;
+#pragma unroll
+    for (int g = 0; g < kTopPGroup; ++g)
+#pragma unroll
+      for (int l = 0; l < 32; ++l) {
+        c = c + __shfl_sync(0xffffffffu, w[g], l);
+        found = (found < 0 && c >= target) ? base + 32 * g + l + 1 : found;
       }
-    }
     if (found >= 0) {
       cut = found;
       break;
     }
+#pragma unroll
+    for (int g = 0; g < kTopPGroup; ++g) w[g] = next[g];
   }
   if (lane == 0 && cut < n) {
     const int id = sorted_id(a, keys[cut - 1]);
