@@ -94,6 +94,26 @@ def test_nonfinite_device_hidden_still_raises_everywhere(head):
     assert np.array_equal(bits(head(torch.from_numpy(good).cuda(), on_device=True).get()), bits(head(good)))
 
 
+def test_the_scan_of_a_long_batch_finds_the_lowest_bad_index_across_its_ctas(head):
+    # t * H = 153,600 values: the scan runs 3 CTAs over interleaved slices of 1,024. The lowest bad
+    # index (2,055: CTA 2's) comes after CTA 0 has found its own (3,077) and CTA 1 a later one
+    torch = pytest.importorskip("torch")
+    x = rows(300, seed=11)
+    for i in (100_000 + 1024, 3077, 2055):
+        x.reshape(-1)[i] = np.nan
+    xd = torch.from_numpy(x).cuda()
+    for call in (lambda: head(xd, on_device=True), lambda: head.argmax(xd), lambda: head.score(xd, np.zeros(300, dtype=np.int64)),
+                 lambda: head.sample(xd, temperature=0)):
+        with pytest.raises(muser.NonFiniteError, match="row 4, column 7"):
+            call()
+    # the scan's state is back at rest: a clean batch passes, a later bad value is found alone
+    good = rows(300, seed=12)
+    assert np.array_equal(bits(head(torch.from_numpy(good).cuda(), on_device=True).get()), bits(head(good)))
+    good.reshape(-1)[150_000] = np.inf
+    with pytest.raises(muser.NonFiniteError, match=f"row {150_000 // H}, column {150_000 % H}"):
+        head(torch.from_numpy(good).cuda(), on_device=True)
+
+
 def test_a_scan_that_raises_leaves_later_results_whole(head):
     # on a stream the call waits for the NaN scan alone: when it raises, the route it did
     # not wait for still runs into a pooled buffer; later calls on either stream must not

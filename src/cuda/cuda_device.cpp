@@ -301,6 +301,7 @@ class CudaDevice final : public Device {
                   stream_);
     gamma_ = upload(w.gamma, "the final-norm weight");
     out_.data = nullptr;  // the host bytes are not used after the upload
+    scan_sync_.ensure_zeroed(kScanSyncBytes, ordinal_, "the NaN scan's state", stream_);  // before any capture
   }
 
   std::shared_ptr<HostBuffer> alloc_host(size_t n) override {
@@ -748,12 +749,12 @@ class CudaDevice final : public Device {
   }
 
   // The NaN scan of a device hidden state on a side branch of the graph being
-  // captured, beside the route (first_nonfinite: one CTA writes the first bad
+  // captured, beside the route (first_nonfinite: its last CTA writes the first bad
   // index, or ~0, to `out`, mapped host memory); join_scan joins it at the end.
   void fork_scan(const float* x, int64_t n, unsigned long long* out) {
     check(cudaEventRecord(fork_ev_, stream_), "cudaEventRecord (fork)");
     check(cudaStreamWaitEvent(side_, fork_ev_, 0), "cudaStreamWaitEvent (fork)");
-    first_nonfinite(x, n, out, side_);
+    first_nonfinite(x, n, out, scan_sync(), side_);
     check(cudaEventRecord(join_ev_, side_), "cudaEventRecord (join)");
   }
   void join_scan() { check(cudaStreamWaitEvent(stream_, join_ev_, 0), "cudaStreamWaitEvent (join)"); }
@@ -1279,7 +1280,7 @@ class CudaDevice final : public Device {
     if (ex.scan && ex.fork) {  // beside the route: the graph's branches run at once
       fork_scan(x, n, first_bad);
     } else if (ex.scan) {
-      first_nonfinite(x, n, first_bad, stream_);
+      first_nonfinite(x, n, first_bad, scan_sync(), stream_);
     }
     for (const Step& st : steps_) enqueue(st, x, normed, logits, t);
     if (ex.log_softmax) enqueue_log_softmax(logits, t);
@@ -1427,6 +1428,8 @@ class CudaDevice final : public Device {
   bool pending_ = false;               // that call's work may still run (on pending_stream_)
   cudaStream_t pending_stream_ = nullptr;
   Scratch sel_, sel_sync_;             // run_call's argmax / top-k
+  Scratch scan_sync_;                  // first_nonfinite's state, zero at rest
+  unsigned long long* scan_sync() const { return static_cast<unsigned long long*>(scan_sync_.mem->ptr); }
   WeightView out_;  // shape and type of the weight (data: on the device, in weight_)
   bool q8_ = false;  // the route's matvec quantizes the activations
   std::unique_ptr<DeviceMemory> weight_, gamma_;

@@ -217,9 +217,12 @@ void subtract_rows(float* y, int64_t V, int t, const float* lse, cudaStream_t st
 // ---- checks.cu ----
 // first_bad[0] = lowest index of a NaN/inf among x[0..n), or ~0ull (>= n) when all are finite.
 void find_nonfinite(const float* x, int64_t n, unsigned long long* first_bad, cudaStream_t stream);
-// The same in one kernel and one CTA (a call's graph runs it beside the route), *out
-// written once (it may be mapped host memory: no copy after it).
-void first_nonfinite(const float* x, int64_t n, unsigned long long* out, cudaStream_t stream);
+// The same in one kernel (a call's graph runs it beside the route), *out written
+// once (it may be mapped host memory: no copy after it); sync: kScanSyncBytes of
+// device memory, zero at rest (the kernel leaves it so).
+constexpr size_t kScanSyncBytes = 16;
+void first_nonfinite(const float* x, int64_t n, unsigned long long* out, unsigned long long* sync,
+                     cudaStream_t stream);
 
 // ---- bandwidth.cu: the read limit the bench divides by ----
 // Reads nbytes from buf once with 16-byte loads over the whole GPU; sink gets one word per block.
