@@ -540,7 +540,8 @@ def test_fifty_load_step_del_cycles_return_device_memory_to_its_baseline(head_fi
 
 
 # ---- batches (issue 14): every kernel tier of t, on every weight type, bit for bit ----
-# t = 2..8: the staged q8 kernel; 9..64: its batch tiers (2, 4, 8 token tiles per warp),
+# t = 2..8: the staged q8 kernel; 9..64: its batch tiers (2, 4, 8 token tiles per warp; the
+# streamed kernel where a tier's activations do not fit whole: WIDE_HEADS below),
 # 100 and 256: several 64-token launches; the canonical route: its 1..64 tiles, and on
 # the seed's hidden size tiles of 8 (x of more tokens does not fit shared memory whole)
 
@@ -580,9 +581,12 @@ def test_canonical_wide_kernel_bitwise_equal_to_cpu(head_file, weight_type):
         assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}")
 
 
-# the seed's hidden size (6,656: q8 batches stage their columns in chunks, the canonical route
-# tiles by 8) and the Gemma-3 one (640 x Q8_0: everything staged whole), with fewer rows
-WIDE_HEADS = {"seed-Q5_K": (6656, 2053, "Q5_K"), "seed-Q6_K": (6656, 1031, "Q6_K"), "gemma-Q8_0": (640, 4099, "Q8_0")}
+# the seed's hidden size (6,656: q8 batches of 17..32 tokens of Q4_K/Q5_K/Q8_0 do not fit in
+# shared memory whole and stream their activations unit by unit, matvec_q8_stream_kernel; the
+# canonical route tiles by 8) and the Gemma-3 one (640 x Q8_0: everything staged whole), with
+# fewer rows
+WIDE_HEADS = {"seed-Q5_K": (6656, 2053, "Q5_K"), "seed-Q4_K": (6656, 1031, "Q4_K"), "seed-Q6_K": (6656, 1031, "Q6_K"),
+              "seed-Q8_0": (6656, 1031, "Q8_0"), "gemma-Q8_0": (640, 4099, "Q8_0")}
 
 
 @pytest.fixture(scope="module")

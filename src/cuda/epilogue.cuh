@@ -8,6 +8,8 @@
 #include "kernels.h"
 #include "muser/canonical.h"
 
+#include <type_traits>
+
 namespace muser::cuda {
 
 template <EpilogueOp kOp>
@@ -20,17 +22,27 @@ __device__ __forceinline__ float epilogue_op(float l, float f0, float f1, float 
   else return l;
 }
 
+// The one switch over the element-wise nodes: calls f once with the node as a
+// compile-time constant (std::integral_constant<EpilogueOp, op>), so a caller that
+// applies it to many values branches once.
+template <class F>
+__device__ __forceinline__ void epilogue_dispatch(EpilogueOp op, F&& f) {
+  using Op = EpilogueOp;
+  switch (op) {
+    case Op::Scale: f(std::integral_constant<Op, Op::Scale>{}); break;
+    case Op::Tanh: f(std::integral_constant<Op, Op::Tanh>{}); break;
+    case Op::SoftcapFused: f(std::integral_constant<Op, Op::SoftcapFused>{}); break;
+    case Op::SoftcapReference: f(std::integral_constant<Op, Op::SoftcapReference>{}); break;
+    case Op::SoftcapCanon: f(std::integral_constant<Op, Op::SoftcapCanon>{}); break;
+    case Op::None: f(std::integral_constant<Op, Op::None>{}); break;
+  }
+}
+
 // The folded node of a consumer kernel (EpilogueOp::None: the logits are final already).
 __device__ __forceinline__ float epilogue_apply(const EpilogueFold& e, float l) {
-  switch (e.op) {
-    case EpilogueOp::Scale: return epilogue_op<EpilogueOp::Scale>(l, e.f0, e.f1, e.f2);
-    case EpilogueOp::Tanh: return epilogue_op<EpilogueOp::Tanh>(l, e.f0, e.f1, e.f2);
-    case EpilogueOp::SoftcapFused: return epilogue_op<EpilogueOp::SoftcapFused>(l, e.f0, e.f1, e.f2);
-    case EpilogueOp::SoftcapReference: return epilogue_op<EpilogueOp::SoftcapReference>(l, e.f0, e.f1, e.f2);
-    case EpilogueOp::SoftcapCanon: return epilogue_op<EpilogueOp::SoftcapCanon>(l, e.f0, e.f1, e.f2);
-    case EpilogueOp::None: break;
-  }
-  return l;
+  float r = l;
+  epilogue_dispatch(e.op, [&](auto op) { r = epilogue_op<decltype(op)::value>(l, e.f0, e.f1, e.f2); });
+  return r;
 }
 
 }  // namespace muser::cuda

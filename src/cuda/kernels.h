@@ -80,6 +80,7 @@ bool q8_supported(uint32_t type);
 struct Q8Args : WeightArgs, Q8ActsKargs {
   const int8_t* xq = nullptr;     // [t x xq_pitch] quantized activations, zero past cols
   const uint8_t* meta = nullptr;  // [t x meta_per_token] block records (matvec_q8.cuh)
+  const uint8_t* meta_f16 = nullptr;  // Q4_K/Q5_K: the same sums as f16 halves, [t x meta_per_token] x 48 bytes
   EpilogueFold fold;              // the element-wise node fused into the matvec, applied as each logit is stored
 };
 // The q8 kernels apply a fused node (Q8Args::fold) for at most this many tokens
@@ -110,8 +111,8 @@ size_t select_sync_words(int t);
 // ids[row] = the argmax of each row (device int64 [t]); scratch: argmax_scratch_bytes.
 size_t argmax_scratch_bytes(int64_t V, int t);
 void argmax(const float* logits, int64_t V, int t, void* scratch, unsigned* sync, int64_t* ids, cudaStream_t stream);
-// Whether topk_threshold takes (V, t, k): k no more than the row's chunks, t small
-// enough for its candidate buffer (topk() otherwise).
+// Whether topk_threshold takes (V, t, k): k no more than the row's chunks and than
+// the candidates it ranks directly (topk() otherwise); any t, in groups of 16 rows.
 bool topk_threshold_fits(int64_t V, int t, int k);
 size_t topk_threshold_scratch_bytes(int64_t V, int t);
 void topk_threshold(const float* logits, int64_t V, int t, int k, void* scratch, unsigned* sync, int64_t* ids,

@@ -36,7 +36,7 @@ int64_t q8_pitch(int64_t K) { return (K + 255) / 256 * 256; }
 
 template <Q8Kind kKind>
 __global__ void quantize_q8_kernel(const float* x, int64_t ldx, int64_t K, int64_t pitch, int t, int8_t* xq,
-                                   uint8_t* meta, int64_t meta_per_token) {
+                                   uint8_t* meta, uint8_t* meta_f16, int64_t meta_per_token) {
   pdl_launch_dependents();
   pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -123,6 +123,22 @@ __global__ void quantize_q8_kernel(const float* x, int64_t ldx, int64_t K, int64
         reinterpret_cast<float*>(rec)[4] = d;
         reinterpret_cast<uint32_t*>(rec)[5] = reinterpret_cast<uint32_t*>(rec)[6] = reinterpret_cast<uint32_t*>(rec)[7] = 0;
       }
+      // the same sums as the f16 halves the tensor-core mins read (kQ8F16RecBytes), so the
+      // streamed batch kernel copies records instead of converting them
+      const int s32_next = __shfl_down_sync(0xffffffffu, s32, 4);  // sub-block 2q + 1's, at lane 8q
+      uint32_t* rf = reinterpret_cast<uint32_t*>(meta_f16 + (k * meta_per_token + chunk) * kQ8F16RecSrcBytes);
+      if ((lane & 7) == 0) {
+        const int qq = lane >> 3;
+        const __half2 lo = __halves2half2(__int2half_rn(s32 & 0xff), __int2half_rn(s32_next & 0xff));
+        const __half2 hi = __halves2half2(__int2half_rn((int)(int8_t)((s32 >> 8) & 0xff)),
+                                          __int2half_rn((int)(int8_t)((s32_next >> 8) & 0xff)));
+        rf[2 * qq] = *reinterpret_cast<const uint32_t*>(&lo);
+        rf[2 * qq + 1] = *reinterpret_cast<const uint32_t*>(&hi);
+      }
+      if (lane == 0) {
+        rf[8] = __float_as_uint(d);
+        rf[9] = rf[10] = rf[11] = 0;
+      }
     }
   }
   uint2 packed;
@@ -139,7 +155,8 @@ size_t acts_q8_scratch_bytes(uint32_t type, int64_t K, int t) {
   const Q8Kind kind = q8_kind(type);
   const int64_t pitch = q8_pitch(K);
   const size_t quants = ((size_t)t * (size_t)pitch + 15) / 16 * 16;
-  return quants + (size_t)t * (size_t)(pitch / q8_meta_cols(kind)) * (size_t)q8_rec_bytes(kind);
+  const size_t records = (size_t)t * (size_t)(pitch / q8_meta_cols(kind));
+  return quants + records * (size_t)q8_rec_bytes(kind) + (kind == Q8Kind::Sum32 ? records * kQ8F16RecSrcBytes : 0);
 }
 
 void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int t, void* scratch, Q8Args* a,
@@ -152,26 +169,29 @@ void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int
   auto* xq = static_cast<int8_t*>(scratch);
   auto* meta = static_cast<uint8_t*>(scratch) + ((size_t)t * (size_t)pitch + 15) / 16 * 16;
   const int64_t per_token = pitch / q8_meta_cols(kind);
+  // Q4_K/Q5_K: the f16 records after the raw ones (16-byte aligned: 32-byte raw records)
+  uint8_t* meta_f16 = kind == Q8Kind::Sum32 ? meta + (size_t)t * (size_t)per_token * 32 : nullptr;
   const int warps = 8;
   const dim3 grid((unsigned)((pitch / 256 + warps - 1) / warps), (unsigned)t);
   switch (kind) {
     case Q8Kind::Sum32:
       launch_pdl(quantize_q8_kernel<Q8Kind::Sum32>, grid, dim3(32 * warps), 0, stream, "quantize_acts_q8", x, ldx, K,
-                 pitch, t, xq, meta, per_token);
+                 pitch, t, xq, meta, meta_f16, per_token);
       break;
     case Q8Kind::Sum16:
       launch_pdl(quantize_q8_kernel<Q8Kind::Sum16>, grid, dim3(32 * warps), 0, stream, "quantize_acts_q8", x, ldx, K,
-                 pitch, t, xq, meta, per_token);
+                 pitch, t, xq, meta, meta_f16, per_token);
       break;
     case Q8Kind::Q80:
       launch_pdl(quantize_q8_kernel<Q8Kind::Q80>, grid, dim3(32 * warps), 0, stream, "quantize_acts_q8", x, ldx, K,
-                 pitch, t, xq, meta, per_token);
+                 pitch, t, xq, meta, meta_f16, per_token);
       break;
   }
   check_launch("quantize_acts_q8");
   a->xq = xq;
   a->xq_pitch = pitch;
   a->meta = meta;
+  a->meta_f16 = meta_f16;
   a->meta_per_token = per_token;
   a->t = t;
 }
@@ -215,6 +235,11 @@ int q8_staged_stages(const Q8Args&, const Q8Plan& p, int stage_bytes) {
   return 0;
 }
 
+bool q8_stream_enabled() {
+  const char* e = std::getenv("MUSER_Q8_STREAM");
+  return !(e && std::atoi(e) == 0);
+}
+
 void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& p, cudaStream_t stream, int threads,
                              int rows_per_cta) {
   Q8Args args = a;
@@ -224,13 +249,13 @@ void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& 
 }
 
 int q8_token_tile(uint32_t type) {
-  // 64 tokens of the seed head took 1,364 us in the register kernel (8 tiles), 1,492 in an
-  // 8-warp staged variant, 2 x 460 in two staged launches of 32 (16 warps, 4 tiles each):
-  // reading the weight twice wins. The Gemma-3 head (Q8_0, 640 columns) went the other
-  // way (189 us in one register launch, 205 in two staged ones).
-  if (type == (uint32_t)GgmlType::Q6_K || type == (uint32_t)GgmlType::Q8_0) return 64;
+  // 32 for the types with a staged kernel: 64 tokens of the seed head took 1,364 us in the
+  // register kernel (8 tiles), 2 x 460 in two staged launches of 32 (now 2 x 376 streamed);
+  // the Gemma-3 head (Q8_0, 640 columns) 219.7 us in one register launch, 204.7 in two
+  // staged ones, and 440.3 against 403.1 us at t = 128 (docs/performance.md). Q6_K has
+  // only the register kernel: 64. MUSER_Q8_TOKEN_TILE=32|64 overrides, for measuring.
   if (const char* e = std::getenv("MUSER_Q8_TOKEN_TILE")) return std::atoi(e) == 64 ? 64 : 32;
-  return 32;
+  return type == (uint32_t)GgmlType::Q6_K ? 64 : 32;
 }
 
 Q8Args q8_tokens(const Q8Args& a, int k0, int count) {
@@ -238,6 +263,7 @@ Q8Args q8_tokens(const Q8Args& a, int k0, int count) {
   s.t = count;
   s.xq = a.xq + k0 * a.xq_pitch;
   s.meta = a.meta + k0 * a.meta_per_token * q8_rec_bytes(q8_kind(a.type));
+  if (a.meta_f16) s.meta_f16 = a.meta_f16 + k0 * a.meta_per_token * kQ8F16RecSrcBytes;
   s.y = a.y + k0 * a.ldy;
   return s;
 }

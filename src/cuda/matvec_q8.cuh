@@ -10,6 +10,8 @@
 //   Q6_K      (48 B): lo[16] | hi[16] | d | pad the 16 sums of 16 quants
 //   Q8_0       (4 B): d (the f16 scale, widened)
 // (lo unsigned, hi signed bytes, so dp4a multiplies them with packed 6/8-bit scales).
+// Q4_K/Q5_K also get the same sums as f16 halves (Q8Staging, 48 B a record,
+// Q8Args::meta_f16) for the kernels that take the mins' sums on the tensor cores.
 //
 // Integer sums. A warp owns 16 rows (rows G and G+8 of lane G*4+q) and up to
 // 64 tokens in tiles of 8: one mma.sync m16n8k32 (u8 weights x s8 quants;
@@ -39,7 +41,8 @@
 // one LOP3 each. Q6_K and Q8_0 blocks (2-byte aligned) are read in 16-bit
 // halves. Loads are ld.global.nc.L1::no_allocate, one unit ahead; for t <= 8
 // Q4_K/Q5_K/Q8_0 units go through shared memory instead (matvec_q8_staged_kernel),
-// and for t <= 32 too, with 2 or 4 token tiles per warp.
+// and for t <= 32 too, with 2 or 4 token tiles per warp (launches of 32 tokens;
+// matvec_q8_stream_kernel where those tokens' activations do not fit whole).
 #pragma once
 #include "epilogue.cuh"
 #include "kernels.h"
@@ -161,6 +164,9 @@ struct Q8Smem {
 };
 
 constexpr int kQ8F16RecBytes = 40;
+// The quantizer's copy of those records in global memory (Q8Args::meta_f16), padded to
+// three 16-byte pieces so that cp.async copies them.
+constexpr int kQ8F16RecSrcBytes = 48;
 // How a kernel instance stages the records. Lanes that keep two tokens (kJ = 2)
 // of a K-quant with mins take the mins' sums on the tensor cores: an f16 mma
 // of the 8 mins (and 256 x them) against the token's 8 sub-block sums split as
@@ -193,63 +199,54 @@ struct KScales {
 };
 
 // The float chain of one block for the (row, token) pairs of each tile a lane
-// keeps (kJ of its tokens 2q, 2q + 1).
-// rec: K45 record (lo03, lo47, hi03, hi47, d).
-template <int NT, int kJ>
+// keeps (kJ of its tokens 2q, 2q + 1), with the mins' sums msum from one of two
+// sources (Q8Staging):
+//   kF16 = false: dp4a of the mins against the raw record (lo03, lo47, hi03, hi47, dx);
+//   kF16 = true (kJ = 2): an f16 mma, A = the block's mins of sub-blocks 2q, 2q + 1
+//     (rows G, G + 8), then 256 x them; B = token G's staged halves; D = msum of the
+//     lane's four (row, token) pairs, exactly, in the isum fragment's order.
+template <int NT, int kJ, bool kF16>
 __device__ __forceinline__ void kquant45_float_step(const KScales (&ks)[2], const int (&isum)[NT][4], const Q8Smem& sm,
                                                     float (&acc_q)[NT][4], float (&acc_m)[NT][4]) {
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int j = 0; j < kJ; ++j) {
-      const uint8_t* rec = sm.rec + (nt * 8 + j) * sm.tok_stride;
-      const uint4 s = *reinterpret_cast<const uint4*>(rec);
-      const float dx = *reinterpret_cast<const float*>(rec + 16);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int lo = dp4a_uu(ks[r].m[1], s.y, dp4a_uu(ks[r].m[0], s.x, 0));
-        const int hi = dp4a_us(ks[r].m[1], s.w, dp4a_us(ks[r].m[0], s.z, 0));
-        const int msum = hi * 256 + lo;
-        const int i = 2 * r + j;
-        acc_q[nt][i] = q8_block_step(acc_q[nt][i], dx, ks[r].d, isum[nt][i]);
-        acc_m[nt][i] = q8_block_step(acc_m[nt][i], dx, ks[r].dmin, msum);
-      }
-    }
-}
-
-// The same for lanes that keep both tokens (kJ = 2), with the mins' sums from an
-// f16 mma (Q8Staging): A = the block's mins of sub-blocks 2q, 2q + 1 (rows G,
-// G + 8), then 256 x them; B = token G's staged halves; D = msum of the lane's
-// four (row, token) pairs, exactly, in the isum fragment's order.
-template <int NT>
-__device__ __forceinline__ void kquant45_float_step_f16(const KScales (&ks)[2], const int (&isum)[NT][4],
-                                                        const Q8Smem& sm, float (&acc_q)[NT][4],
-                                                        float (&acc_m)[NT][4]) {
+  static_assert(!kF16 || kJ == 2, "the f16 mins fill the whole C fragment");
   uint32_t am[4];
-  const uint32_t sel = (sm.q & 1) ? 0x4342u : 0x4140u;  // bytes 2q, 2q + 1 of the word into halves 0x64..
-  const __half2 k1024 = __float2half2_rn(1024.0f), k256 = __float2half2_rn(256.0f);
+  if constexpr (kF16) {
+    const uint32_t sel = (sm.q & 1) ? 0x4342u : 0x4140u;  // bytes 2q, 2q + 1 of the word into halves 0x64..
+    const __half2 k1024 = __float2half2_rn(1024.0f), k256 = __float2half2_rn(256.0f);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const uint32_t w = (sm.q >> 1) ? ks[r].m[1] : ks[r].m[0];
-    const uint32_t biased = __byte_perm(w, 0x64u, sel);  // halves 1024 + m (exact: m < 64)
-    const __half2 m = __hsub2(*reinterpret_cast<const __half2*>(&biased), k1024);
-    const __half2 m256 = __hmul2(m, k256);
-    am[r] = *reinterpret_cast<const uint32_t*>(&m);
-    am[2 + r] = *reinterpret_cast<const uint32_t*>(&m256);
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t w = (sm.q >> 1) ? ks[r].m[1] : ks[r].m[0];
+      const uint32_t biased = __byte_perm(w, 0x64u, sel);  // halves 1024 + m (exact: m < 64)
+      const __half2 m = __hsub2(*reinterpret_cast<const __half2*>(&biased), k1024);
+      const __half2 m256 = __hmul2(m, k256);
+      am[r] = *reinterpret_cast<const uint32_t*>(&m);
+      am[2 + r] = *reinterpret_cast<const uint32_t*>(&m256);
+    }
   }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const uint2 b = *reinterpret_cast<const uint2*>(sm.rec_b + nt * 8 * sm.tok_stride);
-    float msum[4];
-    mma_f16_k16(msum, am, b.x, b.y);
+    float msum_f[4];
+    if constexpr (kF16) {
+      const uint2 b = *reinterpret_cast<const uint2*>(sm.rec_b + nt * 8 * sm.tok_stride);
+      mma_f16_k16(msum_f, am, b.x, b.y);
+    }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const float dx = *reinterpret_cast<const float*>(sm.rec + (nt * 8 + j) * sm.tok_stride + 32);
+    for (int j = 0; j < kJ; ++j) {
+      const uint8_t* rec = sm.rec + (nt * 8 + j) * sm.tok_stride;
+      const float dx = *reinterpret_cast<const float*>(rec + (kF16 ? 32 : 16));
+      uint4 s;
+      if constexpr (!kF16) s = *reinterpret_cast<const uint4*>(rec);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = 2 * r + j;
         acc_q[nt][i] = q8_block_step(acc_q[nt][i], dx, ks[r].d, isum[nt][i]);
-        acc_m[nt][i] = q8_block_step_exact(acc_m[nt][i], dx, ks[r].dmin, msum[i]);
+        if constexpr (kF16) {
+          acc_m[nt][i] = q8_block_step_exact(acc_m[nt][i], dx, ks[r].dmin, msum_f[i]);
+        } else {
+          const int lo = dp4a_uu(ks[r].m[1], s.y, dp4a_uu(ks[r].m[0], s.x, 0));
+          const int hi = dp4a_us(ks[r].m[1], s.w, dp4a_us(ks[r].m[0], s.z, 0));
+          acc_m[nt][i] = q8_block_step(acc_m[nt][i], dx, ks[r].dmin, hi * 256 + lo);
+        }
       }
     }
   }
@@ -378,8 +375,7 @@ struct Q8DecKQuant {  // Q5_K (kHigh) or Q4_K, repacked (device_layout.h)
       }
       kquant_pair_mma<NT, kJ>(alo, ahi, ks, c, sm, isum);
     }
-    if constexpr (Q8Staging<Q8DecKQuant, kJ>::kF16Mins) kquant45_float_step_f16<NT>(ks, isum, sm, acc_q, acc_m);
-    else kquant45_float_step<NT, kJ>(ks, isum, sm, acc_q, acc_m);
+    kquant45_float_step<NT, kJ, Q8Staging<Q8DecKQuant, kJ>::kF16Mins>(ks, isum, sm, acc_q, acc_m);
   }
 };
 using Q8DecQ5K = Q8DecKQuant<true>;
@@ -645,20 +641,12 @@ __device__ __forceinline__ void stage_q8(int8_t* xs, uint8_t* ms, const Q8Args& 
 // on the node, then the node on every element.
 template <int NT>
 __device__ __forceinline__ void fold_q8_tile(const EpilogueFold& e, float (&y)[NT][4]) {
-  auto each = [&](auto op) {
+  epilogue_dispatch(e.op, [&](auto op) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) y[nt][i] = epilogue_op<decltype(op)::value>(y[nt][i], e.f0, e.f1, e.f2);
-  };
-  switch (e.op) {
-    case EpilogueOp::Scale: each(std::integral_constant<EpilogueOp, EpilogueOp::Scale>{}); break;
-    case EpilogueOp::Tanh: each(std::integral_constant<EpilogueOp, EpilogueOp::Tanh>{}); break;
-    case EpilogueOp::SoftcapFused: each(std::integral_constant<EpilogueOp, EpilogueOp::SoftcapFused>{}); break;
-    case EpilogueOp::SoftcapReference: each(std::integral_constant<EpilogueOp, EpilogueOp::SoftcapReference>{}); break;
-    case EpilogueOp::SoftcapCanon: each(std::integral_constant<EpilogueOp, EpilogueOp::SoftcapCanon>{}); break;
-    case EpilogueOp::None: break;
-  }
+  });
 }
 
 // Stores the lane's logits of a (row, token) tile: y[nt][i] is token nt*8 + 2q + (i & 1)
@@ -682,6 +670,19 @@ __device__ __forceinline__ void store_q8_tile(const Q8Args& a, float (&y)[NT][4]
       const int64_t row = r + 8 * (i >> 1);
       if (k < a.t && row < a.rows) a.y[k * a.ldy + row] = y[nt][i];
     }
+}
+
+// The lane's logits of a tile from its chains (q8_kquant45_result for the K-quants
+// with mins), stored through the route's node (store_q8_tile).
+template <class Dec, int NT>
+__device__ __forceinline__ void finish_q8_tile(const Q8Args& a, float (&acc_q)[NT][4], const float (&acc_m)[NT][4],
+                                               int q, int64_t r) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      acc_q[nt][i] = Dec::kMins ? q8_kquant45_result(acc_q[nt][i], acc_m[nt][i]) : acc_q[nt][i];
+  store_q8_tile<NT>(a, acc_q, q, r);
 }
 
 template <class Dec, int NT>
@@ -746,11 +747,7 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
       if (++uc == units_per_chunk) uc = 0;
     }
 
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc_q[nt][i] = Dec::kMins ? acc_q[nt][i] - acc_m[nt][i] : acc_q[nt][i];
-    store_q8_tile<NT>(a, acc_q, q, row0 + G);
+    finish_q8_tile<Dec, NT>(a, acc_q, acc_m, q, row0 + G);
   }
 }
 
@@ -769,7 +766,7 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
 // are never written). S = 2 by default (q8_staged_stages), else the
 // register kernel when even that does not fit.
 //
-// Batches (t > 8, one launch per 64 tokens): the same kernel with NT token
+// Batches (t > 8, one launch per 32 tokens): the same kernel with NT token
 // tiles per warp (NT * 8 tokens); each weight unit lands in shared memory
 // once and its decoded registers feed the NT tiles' mmas, so the weight is
 // read once per launch. The staged quants are those of the tiles holding a
@@ -930,12 +927,145 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
       wr = wr == S - 1 ? 0 : wr + 1;
       if (++uc == units_per_chunk) uc = 0;
     }
+    finish_q8_tile<Dec, NT>(a, acc_q, acc_m, q, row0 + G);
+  }
+  cp_async_wait<0>();  // no copy is left in flight at exit (the last ones are empty groups)
+}
+
+// ---------------------------------------------------------------- the streamed batch kernel (8 < t <= 32)
+
+// Batches of Q4_K/Q5_K/Q8_0: the staged kernel's warps, rows and arithmetic
+// (the same load_staged and compute(), so the same order and bits), with the
+// activations streamed through the ring beside the weights. A stage holds one
+// unit of the CTA: the 16 warps' weight units and that unit's quants and
+// records of every token, all copied with cp.async, S - 1 units ahead. The
+// staged kernel instead kept a whole row's activations in shared memory, which
+// at t = 32 did not fit: it restaged them in column chunks twice per row group,
+// every warp stopped at a barrier, and its ring was two stages deep. One
+// barrier per unit here: the unit's copies have landed for every thread, and
+// every warp is done with the stage the next copies overwrite.
+// Two stages: 385.7, 399.2 and 415.7 us with 2, 3 and 4 at t = 32 of the seed head,
+// 2,959, 3,056 and 3,181 us at t = 256 (docs/performance.md).
+constexpr int kQ8StreamStages = 2;
+template <class Dec>
+struct Q8StreamLayout {
+  static constexpr int kWarps = 16, kThreads = 32 * kWarps;
+  static constexpr int kWeight = kQ8RowsPerWarp * Dec::kUnitBytes;  // one warp's unit
+  static constexpr int kXPitch = Dec::kUnit + kQ8XPad;               // a token's quants of the unit
+  // a token's records of the unit: the f16 mins record (Q8Staging), at 32 x odd bytes
+  // (q8_rec_pitch's bank rule), or Q8_0's four scales
+  static constexpr int kRecSrc = Dec::kMins ? kQ8F16RecSrcBytes : Dec::kRec * (Dec::kUnit / Dec::kMetaCols);
+  static constexpr int kRecPitch = Dec::kMins ? 96 : kRecSrc;
+  static_assert(kRecSrc % 16 == 0 && kRecPitch >= kRecSrc, "records travel in 16-byte pieces");
+  MUSER_HD static constexpr size_t stage_bytes(int TT) {
+    return (size_t)kWarps * kWeight + (size_t)TT * kXPitch + (size_t)TT * kRecPitch;
+  }
+};
+
+template <class Dec, int S, int NT>
+__global__ void __launch_bounds__(Q8StreamLayout<Dec>::kThreads, 1) matvec_q8_stream_kernel(Q8Args a) {
+  using L = Q8StreamLayout<Dec>;
+  constexpr int TT = 8 * NT, kWarps = L::kWarps;
+  constexpr int kStage = (int)L::stage_bytes(TT);
+  constexpr int kXOff = kWarps * L::kWeight, kRecOff = kXOff + TT * L::kXPitch;
+  constexpr int kXPieces = Dec::kUnit / 16, kRecPieces = L::kRecSrc / 16;
+  constexpr int kPieces = L::kWeight / 16, kPerLane = (kPieces + 31) / 32;  // a warp's weight copy
+  static_assert(kQ8RowsPerWarp == kTileRows, "a warp's rows are one row tile");
+  static_assert(S >= 2, "at least two stages");
+  extern __shared__ uint4 smem_q8[];
+  uint8_t* const ring = reinterpret_cast<uint8_t*>(smem_q8);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = lane >> 2, q = lane & 3;
+  const int units = (int)((a.cols + Dec::kUnit - 1) / Dec::kUnit);
+  const int blocks = (int)(a.cols / Dec::kMetaCols);
+  const int tiles = (a.t + 7) / 8 < NT ? (a.t + 7) / 8 : NT;
+  const int64_t groups = (a.rows + kWarps * kQ8RowsPerWarp - 1) / (kWarps * kQ8RowsPerWarp);
+  const int64_t my_groups = (groups - blockIdx.x + gridDim.x - 1) / gridDim.x;  // >= 1: grid <= groups
+  const int64_t steps = my_groups * units;  // (group, unit) pairs, the same for every warp of the CTA
+
+  auto tile_src = [&](int64_t n) {  // this lane's first piece of the warp's row tile in group n
+    const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kWarps + warp) * kQ8RowsPerWarp;
+    const int64_t tile = (row0 < a.rows ? row0 : a.rows - 1) / kTileRows;
+    return a.w + tile * kTileRows * a.row_bytes + 16 * lane;
+  };
+  // the weight copies run ahead of the activations' in the prologue (the weight depends on
+  // no earlier node), so each has its own cursor
+  int64_t w_step = 0, w_n = 0;
+  int w_u = 0;
+  const uint8_t* w_src = tile_src(0);
+  auto issue_weight = [&](int stage) {
+    if (w_step++ >= steps) return;
+    const uint8_t* src = w_src + (int64_t)w_u * L::kWeight;
+    uint8_t* d = ring + stage * kStage + warp * L::kWeight + 16 * lane;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k)
+      if (kPieces % 32 == 0 || k < kPerLane - 1 || lane + 32 * k < kPieces) cp_async16(d + 512 * k, src + 512 * k);
+    if (++w_u == units) {
+      w_u = 0;
+      if (++w_n < my_groups) w_src = tile_src(w_n);
+    }
+  };
+  int64_t x_step = 0;
+  int x_u = 0;
+  auto issue_acts = [&](int stage) {  // then commit: one group per unit, empty or not
+    if (x_step++ < steps) {
+      uint8_t* st = ring + stage * kStage;
+      for (int i = threadIdx.x; i < a.t * kXPieces; i += L::kThreads) {
+        const int k = i / kXPieces, v = i - k * kXPieces;
+        cp_async16(st + kXOff + k * L::kXPitch + 16 * v,
+                   reinterpret_cast<const uint8_t*>(a.xq) + k * a.xq_pitch + (int64_t)x_u * Dec::kUnit + 16 * v);
+      }
+      for (int i = threadIdx.x; i < a.t * kRecPieces; i += L::kThreads) {
+        const int k = i / kRecPieces, v = i - k * kRecPieces;
+        const uint8_t* src = Dec::kMins ? a.meta_f16 + (k * a.meta_per_token + x_u) * kQ8F16RecSrcBytes
+                                        : a.meta + (k * a.meta_per_token + (int64_t)x_u * (Dec::kUnit / Dec::kMetaCols)) * Dec::kRec;
+        cp_async16(st + kRecOff + k * L::kRecPitch + 16 * v, src + 16 * v);
+      }
+      if (++x_u == units) x_u = 0;
+    }
+    cp_async_commit();
+  };
+
+  pdl_launch_dependents();
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) issue_weight(s);
+  const int64_t warm = min((int64_t)kQ8WarmupUnits, (int64_t)units - (S - 1));
+  if (lane == 0 && warm > 0) prefetch_l2_bulk(tile_src(0) + (int64_t)(S - 1) * L::kWeight, (uint32_t)(warm * L::kWeight));  // lane 0: no lane offset
+  // tokens t .. TT of every stage: zeros, never copied over (their sums are never stored)
+  for (int i = threadIdx.x; i < S * (TT - a.t); i += L::kThreads) {
+    const int st = i / (TT - a.t), k = a.t + i % (TT - a.t);
+    uint8_t* base = ring + st * kStage;
+    for (int v = 0; v < Dec::kUnit; v += 16) *reinterpret_cast<uint4*>(base + kXOff + k * L::kXPitch + v) = make_uint4(0, 0, 0, 0);
+    for (int v = 0; v < L::kRecPitch; v += 16) *reinterpret_cast<uint4*>(base + kRecOff + k * L::kRecPitch + v) = make_uint4(0, 0, 0, 0);
+  }
+  pdl_wait();  // the quantized activations are the previous kernel's output
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) issue_acts(s);
+
+  const int x_lane = G * L::kXPitch + Dec::kLaneBytes * q;
+  const int rec_lane = 2 * q * L::kRecPitch, rec_b_lane = G * L::kRecPitch + 8 * q;
+  int rd = 0, wr = S - 1;  // the stage computed this unit, the stage filled this unit
+  for (int64_t n = 0; n < my_groups; ++n) {
+    const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kWarps + warp) * kQ8RowsPerWarp;
+    float acc_q[NT][4], acc_m[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        acc_q[nt][i] = Dec::kMins ? q8_kquant45_result(acc_q[nt][i], acc_m[nt][i]) : acc_q[nt][i];
-    store_q8_tile<NT>(a, acc_q, q, row0 + G);
+      for (int i = 0; i < 4; ++i) acc_q[nt][i] = acc_m[nt][i] = 0.0f;
+    for (int u = 0; u < units; ++u) {
+      cp_async_wait<S - 2>();  // this thread's copies of this unit have landed ...
+      __syncthreads();         // ... and every thread's; every warp is done with stage wr
+      issue_weight(wr);
+      issue_acts(wr);
+      const uint8_t* st = ring + rd * kStage;
+      const Q8Smem sm{reinterpret_cast<const int8_t*>(st + kXOff + x_lane), 8 * L::kXPitch, st + kRecOff + rec_lane,
+                      L::kRecPitch, st + kRecOff + rec_b_lane, tiles, q};
+      typename Dec::Raw r;
+      Dec::load_staged(r, st + warp * L::kWeight, G, q);
+      Dec::template compute<NT, 2>(r, sm, blocks - u * (Dec::kUnit / Dec::kMetaCols), acc_q, acc_m);
+      rd = rd == S - 1 ? 0 : rd + 1;
+      wr = wr == S - 1 ? 0 : wr + 1;
+    }
+    finish_q8_tile<Dec, NT>(a, acc_q, acc_m, q, row0 + G);
   }
   cp_async_wait<0>();  // no copy is left in flight at exit (the last ones are empty groups)
 }
@@ -960,6 +1090,21 @@ void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& 
                              int threads = kMatvecThreads, int rows_per_cta = kMatvecWarps * kQ8RowsPerWarp);
 // stages of the staged kernel for a (0: use the register kernel); MUSER_Q8_STAGES overrides
 int q8_staged_stages(const Q8Args& a, const Q8Plan& p, int stage_bytes);
+// false when MUSER_Q8_STREAM=0 turns the streamed batch kernel off (for measuring)
+bool q8_stream_enabled();
+
+// The streamed batch kernel for a (t <= 8 * NT); false when its stages do not fit.
+template <class Dec, int NT>
+bool launch_matvec_q8_stream(const Q8Args& a, cudaStream_t stream) {
+  using L = Q8StreamLayout<Dec>;
+  const size_t smem = kQ8StreamStages * L::stage_bytes(8 * NT);
+  if (smem > q8_smem_optin()) return false;
+  Q8Args args = a;
+  void* params[] = {&args};
+  launch_persistent(reinterpret_cast<const void*>(&matvec_q8_stream_kernel<Dec, kQ8StreamStages, NT>), params,
+                    L::kThreads, smem, a.rows, L::kWarps * kQ8RowsPerWarp, stream, "matvec_q8_stream");
+  return true;
+}
 
 // Tokens per matvec_q8 launch for a weight type: 32 for Q4_K and Q5_K (the staged
 // batch kernel), 64 for Q6_K and Q8_0 (the register kernel beyond 32 tokens: on short
@@ -1003,8 +1148,11 @@ void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
       };
       if (a.t == 1 ? depth(One{}) : depth(Two{})) return;
     } else {
-      // batches: NT tiles per warp, two stages; the quants get what the ring leaves
-      // (chunked columns beyond it), the register kernel when not even that fits
+      // batches: NT tiles per warp. Where the tiles' activations fit in shared memory
+      // whole beside a two-stage ring, the staged kernel keeps them there; where they
+      // do not, the streamed kernel (its chunked columns were 13-15 % slower at t >= 32
+      // of the seed head, and the streamed kernel 16-25 % slower where everything fits:
+      // docs/performance.md); the register kernel when neither fits
       auto batch = [&](auto tiles) {
         constexpr int NT = decltype(tiles)::value;
         using Cta = Q8StagedCta<NT>;
@@ -1013,13 +1161,15 @@ void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
         if (optin <= 2 * (size_t)kStage + 16 * 1024) return false;
         Q8Plan p = plan_matvec_q8(a, 8 * NT, Dec::kMetaCols, Q8Staging<Dec, 2>::kRecBytes, q8_staged_tokens(a.t, 8 * NT),
                                   optin - 2 * (size_t)kStage);
+        const bool whole = p.chunk_cols >= (a.cols + 255) / 256 * 256;
         if (q8_staged_stages(a, p, kStage) < 2) return false;  // does not fit, or MUSER_Q8_STAGES=0
+        if (!whole && q8_stream_enabled() && launch_matvec_q8_stream<Dec, NT>(a, stream)) return true;
         p.smem_bytes += 2 * (size_t)kStage;
         launch_matvec_q8_kernel(reinterpret_cast<const void*>(&matvec_q8_staged_kernel<Dec, 2, 2, NT>), a, p, stream,
                                 Cta::threads, Cta::warps * kQ8RowsPerWarp);
         return true;
       };
-      // t > 32 (q8_token_tile: Q8_0, or measuring): the register kernel's 8 tiles, which beat
+      // t > 32 (MUSER_Q8_TOKEN_TILE=64, measuring): the register kernel's 8 tiles, which beat
       // an 8-warp staged variant (8 tiles need 197 registers a lane): 1,364 against 1,492 us
       // for 64 tokens of the seed head
       if (a.t <= 16 ? batch(Two{}) : a.t <= 32 && batch(std::integral_constant<int, 4>{})) return;
