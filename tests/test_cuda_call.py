@@ -52,7 +52,7 @@ def assert_ranked_like_the_cpu(head, x: np.ndarray, k: int) -> None:
                           np.asarray(_core.topk_rows(logits, 1)[0]).reshape(-1))
 
 
-@pytest.mark.parametrize("t", (1, 3, 17))
+@pytest.mark.parametrize("t", (1, 3, 17, 40))  # the threshold top-k selects 16 rows at a time
 @pytest.mark.parametrize("k", (1, 7, 40, 41, 300))
 def test_topk_and_argmax_equal_the_cpu_ranking(head, t, k):
     assert_ranked_like_the_cpu(head, rows(t, seed=t * 100 + k), k)
@@ -60,10 +60,10 @@ def test_topk_and_argmax_equal_the_cpu_ranking(head, t, k):
 
 def test_topk_of_tied_and_nan_rows(head):
     # a zero row: every logit equal (ties to the lowest ids; many candidates: the radix select);
-    # a NaN row: NaN never beats a number, so every id ties
-    x = rows(3)
-    x[0] = 0
-    x[2, 5] = np.nan
+    # a NaN row: NaN never beats a number, so every id ties; both again in the second group of 16 rows
+    x = rows(19)
+    x[0] = x[17] = 0
+    x[2, 5] = x[18, 30] = np.nan
     for k in (1, 2, 40, 64):
         assert_ranked_like_the_cpu(head, x, k)
     vals, ids, _ = head.topk(x[0], 40)

@@ -101,7 +101,7 @@ void launch_topk(const float* logits, int64_t V, int t, int k, void* scratch, in
 constexpr int kSelThreads = 256;
 constexpr int kSelItems = 4;
 constexpr int kSelChunk = kSelThreads * kSelItems;
-constexpr int kSelMaxT = 16;           // rows whose candidate buffers ([t x V] keys) topk_threshold takes
+constexpr int kSelGroupRows = 16;      // rows topk_threshold selects at a time (their candidates: [rows x V] keys)
 constexpr int kSelRankKeys = 512;      // candidates ranked directly (more: a radix select finds the k-th first)
 
 int64_t sel_chunks(int64_t V) { return (V + kSelChunk - 1) / kSelChunk; }
@@ -268,25 +268,33 @@ void argmax(const float* logits, int64_t V, int t, void* scratch, unsigned* sync
              static_cast<unsigned long long*>(scratch), sync, ids, nullptr);
 }
 
-bool topk_threshold_fits(int64_t V, int t, int k) {
-  return k >= 1 && k <= sel_chunks(V) && k <= kSelRankKeys && t <= kSelMaxT;
-}
+bool topk_threshold_fits(int64_t V, int t, int k) { return t >= 1 && k >= 1 && k <= sel_chunks(V) && k <= kSelRankKeys; }
 
 size_t topk_threshold_scratch_bytes(int64_t V, int t) {
-  return ((size_t)t * sel_chunks(V) + (size_t)t + (size_t)t * V) * 8;
+  const size_t g = (size_t)std::min(t, kSelGroupRows);
+  return (g * sel_chunks(V) + g + g * V) * 8;
 }
 
+// Groups of kSelGroupRows rows, one after another on the stream, through the same
+// scratch and counters (the kernels leave the counters zero): scratch for t <= 16
+// rows, and at t = 256 of the seed head 16 pairs of launches where the k-pass
+// stages (cuda::topk) took 2.2 ms (docs/performance.md).
 void topk_threshold(const float* logits, int64_t V, int t, int k, void* scratch, unsigned* sync, int64_t* ids,
                     float* vals, cudaStream_t stream) {
   if (!topk_threshold_fits(V, t, k)) throw ArgValueError("internal: topk_threshold does not take this (V, t, k)");
+  const int g = std::min(t, kSelGroupRows);
   auto* best = static_cast<unsigned long long*>(scratch);
-  auto* threshold = best + (size_t)t * sel_chunks(V);
-  auto* cand = threshold + t;
-  const dim3 grid((unsigned)sel_chunks(V), (unsigned)t);
-  launch_consumer(chunk_best_kernel<false>, grid, dim3(kSelThreads), 0, stream, "topk_threshold(bests)", logits, V, k, best,
-             sync, nullptr, threshold);
-  launch_consumer(topk_gather_kernel, grid, dim3(kSelThreads), 0, stream, "topk_threshold(gather)", logits, V, k, threshold,
-             cand, sync + 2 * t, sync + t, ids, vals);
+  auto* threshold = best + (size_t)g * sel_chunks(V);
+  auto* cand = threshold + g;
+  for (int r0 = 0; r0 < t; r0 += g) {
+    const int rows = std::min(g, t - r0);
+    const float* y = logits + (size_t)r0 * V;
+    const dim3 grid((unsigned)sel_chunks(V), (unsigned)rows);
+    launch_consumer(chunk_best_kernel<false>, grid, dim3(kSelThreads), 0, stream, "topk_threshold(bests)", y, V, k,
+                    best, sync, nullptr, threshold);
+    launch_consumer(topk_gather_kernel, grid, dim3(kSelThreads), 0, stream, "topk_threshold(gather)", y, V, k, threshold,
+                    cand, sync + 2 * g, sync + g, ids + (size_t)r0 * k, vals + (size_t)r0 * k);
+  }
 }
 
 size_t topk_scratch_bytes(int64_t V, int t, int k) { return 2 * (size_t)t * chunks_of(V) * k * 8; }
