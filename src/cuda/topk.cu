@@ -105,6 +105,10 @@ constexpr int kSelGroupRows = 16;      // rows topk_threshold selects at a time 
 constexpr int kSelRankKeys = 512;      // candidates ranked directly (more: a radix select finds the k-th first)
 
 int64_t sel_chunks(int64_t V) { return (V + kSelChunk - 1) / kSelChunk; }
+// argmax of many rows: 4 x the keys a CTA (t = 256 of the seed head: 50,688 CTAs of 1,024
+// keys each held the GPU ~3 x the logits' read time)
+constexpr int kArgmaxWideItems = 16;
+constexpr int kArgmaxWideRows = 8;  // from this many rows on
 
 
 // Whether this CTA is the last of the row's `ctas` to get here (its writes before are visible to that one).
@@ -123,7 +127,7 @@ __device__ int64_t key_id_d(unsigned long long key) {
 
 // best[row][chunk] = the chunk's best key; the row's last CTA then writes either
 // the argmax id (kArgmax) or the threshold: the k-th largest of the row's bests.
-template <bool kArgmax>
+template <bool kArgmax, int kItems = kSelItems>
 __global__ void chunk_best_kernel(const float* logits, int64_t V, int k, unsigned long long* best_out,
                                   unsigned* done, int64_t* ids, unsigned long long* threshold) {
   pdl_launch_dependents();
@@ -133,8 +137,8 @@ __global__ void chunk_best_kernel(const float* logits, int64_t V, int k, unsigne
   const float* y = logits + row * V;
   unsigned long long best = 0;
 #pragma unroll
-  for (int i = 0; i < kSelItems; ++i) {
-    const int64_t j = (int64_t)blockIdx.x * kSelChunk + i * kSelThreads + threadIdx.x;
+  for (int i = 0; i < kItems; ++i) {
+    const int64_t j = (int64_t)blockIdx.x * (kSelThreads * kItems) + i * kSelThreads + threadIdx.x;
     if (j < V) {
       const unsigned long long key = logit_key(y[j], j);
       best = key > best ? key : best;
@@ -263,9 +267,17 @@ size_t select_sync_words(int t) { return 3 * (size_t)t; }
 size_t argmax_scratch_bytes(int64_t V, int t) { return (size_t)t * sel_chunks(V) * 8; }
 
 void argmax(const float* logits, int64_t V, int t, void* scratch, unsigned* sync, int64_t* ids, cudaStream_t stream) {
-  const dim3 grid((unsigned)sel_chunks(V), (unsigned)t);
-  launch_consumer(chunk_best_kernel<true>, grid, dim3(kSelThreads), 0, stream, "argmax", logits, V, 1,
-             static_cast<unsigned long long*>(scratch), sync, ids, nullptr);
+  auto* best = static_cast<unsigned long long*>(scratch);  // sel_chunks(V) a row: enough for either chunk size
+  if (t >= kArgmaxWideRows) {
+    constexpr int64_t kChunk = (int64_t)kSelThreads * kArgmaxWideItems;
+    const dim3 grid((unsigned)((V + kChunk - 1) / kChunk), (unsigned)t);
+    launch_consumer(chunk_best_kernel<true, kArgmaxWideItems>, grid, dim3(kSelThreads), 0, stream, "argmax", logits, V,
+                    1, best, sync, ids, nullptr);
+  } else {
+    const dim3 grid((unsigned)sel_chunks(V), (unsigned)t);
+    launch_consumer(chunk_best_kernel<true>, grid, dim3(kSelThreads), 0, stream, "argmax", logits, V, 1, best, sync,
+                    ids, nullptr);
+  }
 }
 
 bool topk_threshold_fits(int64_t V, int t, int k) { return t >= 1 && k >= 1 && k <= sel_chunks(V) && k <= kSelRankKeys; }
