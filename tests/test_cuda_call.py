@@ -52,7 +52,9 @@ def assert_ranked_like_the_cpu(head, x: np.ndarray, k: int) -> None:
                           np.asarray(_core.topk_rows(logits, 1)[0]).reshape(-1))
 
 
-@pytest.mark.parametrize("t", (1, 3, 17, 40))  # the threshold top-k selects 16 rows at a time
+# the threshold top-k selects 16 rows at a time; argmax takes 1,024 logits a CTA below 8 rows,
+# 4,096 below 256, a CTA a row from 256 on
+@pytest.mark.parametrize("t", (1, 3, 17, 40, 260))
 @pytest.mark.parametrize("k", (1, 7, 40, 41, 300))
 def test_topk_and_argmax_equal_the_cpu_ranking(head, t, k):
     assert_ranked_like_the_cpu(head, rows(t, seed=t * 100 + k), k)
@@ -68,6 +70,10 @@ def test_topk_of_tied_and_nan_rows(head):
         assert_ranked_like_the_cpu(head, x, k)
     vals, ids, _ = head.topk(x[0], 40)
     assert np.array_equal(ids, np.arange(40))
+    many = rows(260, seed=4)
+    many[256] = 0
+    many[259, 7] = np.nan
+    assert_ranked_like_the_cpu(head, many, 3)
 
 
 def test_argmax_of_a_device_row_and_single_row(head):

@@ -106,9 +106,12 @@ constexpr int kSelRankKeys = 512;      // candidates ranked directly (more: a ra
 
 int64_t sel_chunks(int64_t V) { return (V + kSelChunk - 1) / kSelChunk; }
 // argmax of many rows: 4 x the keys a CTA (t = 256 of the seed head: 50,688 CTAs of 1,024
-// keys each held the GPU ~3 x the logits' read time)
+// keys each held the GPU ~3 x the logits' read time); from kArgmaxRowRows rows on, one CTA
+// of kArgmaxRowThreads a row (no ticket, no second reduction: the rows fill the GPU)
 constexpr int kArgmaxWideItems = 16;
 constexpr int kArgmaxWideRows = 8;  // from this many rows on
+constexpr int kArgmaxRowRows = 256;  // one run: 46 us beyond the plain call at t = 256 (chunks: 187), 97 at 128
+constexpr int kArgmaxRowThreads = 1024;
 
 
 // Whether this CTA is the last of the row's `ctas` to get here (its writes before are visible to that one).
@@ -174,6 +177,22 @@ __global__ void chunk_best_kernel(const float* logits, int64_t V, int k, unsigne
     }
     if (threadIdx.x == 0) done[row] = 0;
   }
+}
+
+// ids[row] = the row's argmax, one CTA a row.
+__global__ void __launch_bounds__(kArgmaxRowThreads) row_argmax_kernel(const float* logits, int64_t V, int64_t* ids) {
+  pdl_launch_dependents();
+  pdl_wait();  // every read below may be of an earlier node's writes (pdl.cuh)
+  const int64_t row = blockIdx.x;
+  const float* y = logits + row * V;
+  unsigned long long best = 0;
+#pragma unroll 16  // the loads run ahead of the one chain of maxima
+  for (int64_t j = threadIdx.x; j < V; j += kArgmaxRowThreads) {
+    const unsigned long long key = logit_key(y[j], j);
+    best = key > best ? key : best;
+  }
+  best = cta_max<kArgmaxRowThreads>(best);
+  if (threadIdx.x == 0) ids[row] = key_id_d(best);
 }
 
 // The k-th largest of n distinct keys c[0..n), by a most-significant-digit
@@ -268,7 +287,9 @@ size_t argmax_scratch_bytes(int64_t V, int t) { return (size_t)t * sel_chunks(V)
 
 void argmax(const float* logits, int64_t V, int t, void* scratch, unsigned* sync, int64_t* ids, cudaStream_t stream) {
   auto* best = static_cast<unsigned long long*>(scratch);  // sel_chunks(V) a row: enough for either chunk size
-  if (t >= kArgmaxWideRows) {
+  if (t >= kArgmaxRowRows) {
+    launch_consumer(row_argmax_kernel, dim3((unsigned)t), dim3(kArgmaxRowThreads), 0, stream, "argmax", logits, V, ids);
+  } else if (t >= kArgmaxWideRows) {
     constexpr int64_t kChunk = (int64_t)kSelThreads * kArgmaxWideItems;
     const dim3 grid((unsigned)((V + kChunk - 1) / kChunk), (unsigned)t);
     launch_consumer(chunk_best_kernel<true, kArgmaxWideItems>, grid, dim3(kSelThreads), 0, stream, "argmax", logits, V,
