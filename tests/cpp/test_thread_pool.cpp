@@ -155,11 +155,15 @@ TEST(ThreadPool, ExceptionReachesTheCallerAndThePoolStillWorks) {
 
 // What a forked child checks: its pool starts empty, then visits every index
 // and runs chunks at once on freshly started workers. Returns an exit code.
-// A sanitizer's runtime takes internal locks when a thread starts; a fork
-// while another thread holds one (ForkWhileAnotherThreadIsInParallelFor)
-// leaves it held in the child, whose new workers then never start. The pool
-// still gives right results (the caller runs every chunk), so under a
-// sanitizer that child checks results, not that chunks overlap.
+// A sanitizer's runtime takes internal locks when a thread starts or exits; a
+// fork while another thread holds one leaves it held in the child, whose new
+// workers then never start. That happens when the fork lands in a job
+// (ForkWhileAnotherThreadIsInParallelFor) and also when it lands while one of
+// the parent's idle workers retires (ForkedChildGetsAWorkingPool after the
+// tests that start 64 and more workers: ASan CI on a loaded 2-core machine,
+// 2026-12-02, code 5). The pool still gives right results (the caller runs
+// every chunk), so under a sanitizer a child checks results, not that chunks
+// overlap; the plain and clang builds check both.
 #if defined(__SANITIZE_THREAD__)
 #define MUSER_TEST_TSAN 1
 #elif defined(__has_feature)
@@ -179,10 +183,10 @@ constexpr bool kSanitized = false;
 constexpr bool kSanitized = false;
 #endif
 
-int child_checks(bool forked_while_busy = false) {
+int child_checks() {
   if (pool_workers() != 0) return 3;
   if (!visits_each_once(100000, 13, 4)) return 4;
-  if (kSanitized && forked_while_busy) return 0;
+  if (kSanitized) return 0;
   if (!chunks_run_at_once(2)) return 5;
   if (pool_workers() < 1) return 6;
   return 0;
@@ -248,7 +252,7 @@ TEST(ThreadPool, ForkWhileAnotherThreadIsInParallelFor) {
   while (jobs.load() < 10) std::this_thread::yield();
   for (int i = 0; i < 20; ++i) {
     const pid_t pid = fork();
-    if (pid == 0) _exit(child_checks(true));
+    if (pid == 0) _exit(child_checks());
     ASSERT_GE(pid, 0);
     EXPECT_EQ(wait_exit_code(pid, 60), 0) << "fork " << i << " (-1: the child hung)";
   }
