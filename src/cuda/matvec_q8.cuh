@@ -816,6 +816,28 @@ __device__ __forceinline__ void prefetch_l2_bulk(const uint8_t* p, uint32_t nbyt
 #endif
 }
 
+// This lane's first 16-byte piece of a warp's row tile in row group n of the
+// persistent kernels' walk (the CTA's groups blockIdx.x, + gridDim.x, ...; rows
+// past the end re-read the last tile, never stored): the tile's units follow at
+// a stride of one unit.
+template <int kWarps>
+__device__ __forceinline__ const uint8_t* q8_warp_tile_src(const Q8Args& a, int64_t n, int warp, int lane) {
+  const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kWarps + warp) * kQ8RowsPerWarp;
+  const int64_t tile = (row0 < a.rows ? row0 : a.rows - 1) / kTileRows;
+  return a.w + tile * kTileRows * a.row_bytes + 16 * lane;
+}
+
+// This lane's share of a warp's cp.async copy of one unit (kBytes contiguous bytes):
+// pieces lane, lane + 32, ..., so each instruction reads 512 contiguous bytes; dst
+// and src point at the lane's first piece.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_warp_unit(uint8_t* dst, const uint8_t* src, int lane) {
+  constexpr int kPieces = kBytes / 16, kPerLane = (kPieces + 31) / 32;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k)
+    if (kPieces % 32 == 0 || k < kPerLane - 1 || lane + 32 * k < kPieces) cp_async16(dst + 512 * k, src + 512 * k);
+}
+
 // kJ: tokens of its C fragment (2q, 2q + 1) a lane computes -- 2, or 1 when
 // t == 1 (only token 0 exists, so token 1's integer and float work is
 // dropped: 14 % fewer instructions for Q5_K, Nsight Compute). The register kernel keeps kJ = 2: with 1,
@@ -846,10 +868,7 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
   const int x_lane = (G < XR ? G : XR - 1) * pitch + Dec::kLaneBytes * q;
   const int rec_pitch = q8_rec_pitch(mblocks, kRecBytes);
   const int rec_lane = 2 * q * rec_pitch, rec_b_lane = G * rec_pitch + 8 * q;
-  // copy lanes: a unit is kPieces 16-byte pieces, contiguous in memory and in the stage;
-  // lane l copies pieces l, l + 32, ...: each instruction reads 512 contiguous bytes
-  constexpr int kPieces = kStage / 16, kPerLane = (kPieces + 31) / 32;
-  uint8_t* const ws_lane = ws + 16 * lane;
+  uint8_t* const ws_lane = ws + 16 * lane;  // the lane's first piece of each stage (cp_async_warp_unit)
 
   // A warp's work is one row tile in each of the CTA's groups (blockIdx.x,
   // + gridDim.x, ...), unit after unit; the ring runs on across the tiles,
@@ -859,21 +878,13 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
   // tile_src + u * kStage, already in the [16 rows][block] order of a stage
   // (device_layout.h; pad rows are zeros).
   const int64_t my_groups = (groups - blockIdx.x + gridDim.x - 1) / gridDim.x;  // >= 1: grid <= groups
-  auto tile_src = [&](int64_t n) {
-    const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kWarps + warp) * kQ8RowsPerWarp;
-    const int64_t tile = (row0 < a.rows ? row0 : a.rows - 1) / kTileRows;
-    return a.w + tile * kTileRows * a.row_bytes + 16 * lane;
-  };
+  auto tile_src = [&](int64_t n) { return q8_warp_tile_src<kWarps>(a, n, warp, lane); };
   int64_t issue_n = 0;  // the tile and unit the next copy fetches
   int issue_u = 0;
   const uint8_t* issue_src = tile_src(0);
   auto issue_next = [&](int stage) {
     if (issue_n < my_groups) {
-      const uint8_t* src = issue_src + (int64_t)issue_u * kStage;
-      uint8_t* d = ws_lane + stage * kStage;
-#pragma unroll
-      for (int k = 0; k < kPerLane; ++k)
-        if (kPieces % 32 == 0 || k < kPerLane - 1 || lane + 32 * k < kPieces) cp_async16(d + 512 * k, src + 512 * k);
+      cp_async_warp_unit<kStage>(ws_lane + stage * kStage, issue_src + (int64_t)issue_u * kStage, lane);
       if (++issue_u == units) {
         issue_u = 0;
         if (++issue_n < my_groups) issue_src = tile_src(issue_n);
@@ -969,7 +980,6 @@ __global__ void __launch_bounds__(Q8StreamLayout<Dec>::kThreads, 1) matvec_q8_st
   constexpr int kStage = (int)L::stage_bytes(TT);
   constexpr int kXOff = kWarps * L::kWeight, kRecOff = kXOff + TT * L::kXPitch;
   constexpr int kXPieces = Dec::kUnit / 16, kRecPieces = L::kRecSrc / 16;
-  constexpr int kPieces = L::kWeight / 16, kPerLane = (kPieces + 31) / 32;  // a warp's weight copy
   static_assert(kQ8RowsPerWarp == kTileRows, "a warp's rows are one row tile");
   static_assert(S >= 2, "at least two stages");
   extern __shared__ uint4 smem_q8[];
@@ -982,11 +992,7 @@ __global__ void __launch_bounds__(Q8StreamLayout<Dec>::kThreads, 1) matvec_q8_st
   const int64_t my_groups = (groups - blockIdx.x + gridDim.x - 1) / gridDim.x;  // >= 1: grid <= groups
   const int64_t steps = my_groups * units;  // (group, unit) pairs, the same for every warp of the CTA
 
-  auto tile_src = [&](int64_t n) {  // this lane's first piece of the warp's row tile in group n
-    const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kWarps + warp) * kQ8RowsPerWarp;
-    const int64_t tile = (row0 < a.rows ? row0 : a.rows - 1) / kTileRows;
-    return a.w + tile * kTileRows * a.row_bytes + 16 * lane;
-  };
+  auto tile_src = [&](int64_t n) { return q8_warp_tile_src<kWarps>(a, n, warp, lane); };
   // the weight copies run ahead of the activations' in the prologue (the weight depends on
   // no earlier node), so each has its own cursor
   int64_t w_step = 0, w_n = 0;
@@ -994,11 +1000,8 @@ __global__ void __launch_bounds__(Q8StreamLayout<Dec>::kThreads, 1) matvec_q8_st
   const uint8_t* w_src = tile_src(0);
   auto issue_weight = [&](int stage) {
     if (w_step++ >= steps) return;
-    const uint8_t* src = w_src + (int64_t)w_u * L::kWeight;
-    uint8_t* d = ring + stage * kStage + warp * L::kWeight + 16 * lane;
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k)
-      if (kPieces % 32 == 0 || k < kPerLane - 1 || lane + 32 * k < kPieces) cp_async16(d + 512 * k, src + 512 * k);
+    cp_async_warp_unit<L::kWeight>(ring + stage * kStage + warp * L::kWeight + 16 * lane,
+                                   w_src + (int64_t)w_u * L::kWeight, lane);
     if (++w_u == units) {
       w_u = 0;
       if (++w_n < my_groups) w_src = tile_src(w_n);
@@ -1106,10 +1109,9 @@ bool launch_matvec_q8_stream(const Q8Args& a, cudaStream_t stream) {
   return true;
 }
 
-// Tokens per matvec_q8 launch for a weight type: 32 for Q4_K and Q5_K (the staged
-// batch kernel), 64 for Q6_K and Q8_0 (the register kernel beyond 32 tokens: on short
-// rows the weight read matters less than the work); MUSER_Q8_TOKEN_TILE=64 gives
-// Q4_K/Q5_K 64 too, for measuring.
+// Tokens per matvec_q8 launch for a weight type: 32 for Q4_K, Q5_K and Q8_0 (the
+// staged and streamed batch kernels), 64 for Q6_K (only the register kernel);
+// MUSER_Q8_TOKEN_TILE=32|64 overrides, for measuring.
 int q8_token_tile(uint32_t type);
 void matvec_q8_q5_k(const Q8Args& a, cudaStream_t stream);
 void matvec_q8_q4_k(const Q8Args& a, cudaStream_t stream);
