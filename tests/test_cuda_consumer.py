@@ -231,6 +231,7 @@ SAMPLE_SETTINGS = [
     {"min_p": 0.05},
     {"temperature": 1.3, "top_k": 200, "top_p": 0.8, "min_p": 0.02},
     {"temperature": 4.0, "top_p": 0.95},  # flat: the prefix runs past 64 ids
+    {"temperature": 1e4, "top_p": 0.6},  # one bin of m - z holds every token: top_p refines on the key
     {"logit_bias": {3: 2.5, 4000: -3.0}, "top_p": 0.7},
 ]
 
@@ -265,6 +266,26 @@ def test_device_sample_equals_host_sampling_of_the_devices_logits(files, route, 
         cpu = muser.Head.load(path, route=route, acts=acts).sample(x, seed=99, positions=pos, **kw)
         np.testing.assert_array_equal(got.tokens, cpu.tokens)
         np.testing.assert_array_equal(bits(got.processed_logprobs), bits(cpu.processed_logprobs))
+
+
+def test_device_top_p_cuts_within_tied_logits_by_id(files):
+    # a zero hidden state gives 5,003 equal logits: top_p's select refines through every bit
+    # of the order key down to the ids (the cut is the lowest ids, as the CPU's sort gives)
+    from muser import _sampling
+    path = files("Q5_K", 5003)
+    gpu = muser.Head.load(path, device="cuda", route="canonical")
+    x = hidden_states(256, 3, seed=5)
+    x[1] = 0.0
+    pos = np.arange(3)
+    for top_p in (0.3, 0.999, 1e-6):
+        got = gpu.sample(x, seed=1, positions=pos, top_p=top_p)
+        params = _sampling.check_params(5003, seed=1, positions=pos, temperature=1.0, top_k=0, top_p=top_p,
+                                        min_p=0.0, logit_bias=None, allowed=None)
+        want = _sampling.sample_logits(np.array(gpu(x)), False, params, pos.astype(np.uint64))
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        np.testing.assert_array_equal(bits(got.kept_mass), bits(want.kept_mass))
+        np.testing.assert_array_equal(bits(got.processed_logprobs), bits(want.processed_logprobs))
+        assert abs(float(got.kept_mass[1]) - max(top_p, 1 / 5003)) < 2e-4  # ceil(top_p * 5003) tokens of 5003
 
 
 def test_device_sample_from_device_hidden_states_checks_them(files):

@@ -367,3 +367,12 @@ def test_bad_positions_raise(small_head_path, rng, positions, exc, match):
         bad = x.copy()
         bad[1, 3] = np.nan
         head.sample(bad, seed=1, positions=np.arange(2))
+
+
+def test_top_p_refuses_vocabularies_its_fixed_point_mass_cannot_hold():
+    from muser import _sampling
+    kw = dict(seed=1, positions=0, temperature=1.0, top_k=0, min_p=0.0, logit_bias=None, allowed=None)
+    _sampling.check_params(1 << 24, top_p=0.9, **kw)  # the largest it holds
+    with pytest.raises(ValueError, match="top_p's fixed-point mass"):
+        _sampling.check_params((1 << 24) + 1, top_p=0.9, **kw)
+    _sampling.check_params((1 << 24) + 1, top_p=1.0, **kw)  # off: no mass to hold

@@ -37,6 +37,9 @@ class _Params(NamedTuple):
     allowed: Optional[np.ndarray]  # bool [V]
 
 
+# top_p's integer weights (at most 2^38 each, muser/sample.h) sum below 2^62 for this many tokens
+_TOP_P_MAX_VOCAB = 1 << 24
+
 def _f32(value: float) -> float:
     """``value`` rounded to float32 once (an overflow gives inf, as numpy's cast)."""
     try:
@@ -117,6 +120,9 @@ def check_params(V: int, *, seed: Any, positions: Any, temperature: Any, top_k: 
     p = _real("top_p", top_p)
     if not 0.0 < p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1] (1: off), got {top_p}")
+    if p < 1.0 and V > _TOP_P_MAX_VOCAB:
+        raise ValueError(f"top_p's fixed-point mass holds vocabularies of up to {_TOP_P_MAX_VOCAB} tokens, "
+                         f"not {V} (docs/numerics.md, Sampling)")
     mp = _real("min_p", min_p)
     if not 0.0 <= mp <= 1.0:
         raise ValueError(f"min_p must be in [0, 1] (0: off), got {min_p}")

@@ -591,8 +591,11 @@ def sample(head: Any, hidden: Any, p: "_sampling._Params", positions: Any, check
             else:
                 top_k_list.append(None)  # type: ignore[arg-type]
     if p.top_p < 1.0:
-        kept_pair, _ = lse_pairs(coll, layout, z)  # its m is the row's top z
-        cuts = _top_p_cuts(coll, z, s, kept_pair, p.top_p, count, top_k_list)
+        # the kept set's mass: each shard's integer sum against the row's top z m, added exactly
+        local = np.asarray(_core.sample_top_p_mass_rows(np.ascontiguousarray(z), np.ascontiguousarray(m, f32)))
+        got = _exchange(coll, [local.view(np.int64).reshape(t, 1)], _bytes([(t, 1, np.int64)]))
+        mass = [sum(int(g[0][r, 0]) for g in got) for r in range(t)]
+        cuts = _top_p_cuts(coll, z, s, m, mass, p.top_p, count, top_k_list)
         for r in range(t):
             cut_at = cuts[r]
             if cut_at is not None:
@@ -647,11 +650,12 @@ def sample(head: Any, hidden: Any, p: "_sampling._Params", positions: Any, check
     return _result(single, token, (x_win - lse).astype(f32), plp, mass)
 
 
-def _top_p_cuts(coll: Collective, z: np.ndarray, start: int, kept_pair: np.ndarray, top_p: float,
+def _top_p_cuts(coll: Collective, z: np.ndarray, start: int, m: np.ndarray, mass: list[int], top_p: float,
                 count: np.ndarray, top_k_list: Optional[list]) -> list[Optional[tuple[float, int]]]:
     """Per row, the last kept token (z, id) of top_p's cut, or None when the cut keeps all.
 
-    The cut is the shortest prefix of the kept-set order whose running sum reaches top_p * s.
+    The cut is the shortest prefix of the kept-set order whose fixed-point mass reaches
+    ceil(top_p * mass) (muser/sample.h's sample_top_p_target; m: the row's top z).
     After a top_k cut the whole order is the gathered top_k list. Otherwise each shard sends its
     first K kept tokens; the merged list is the true order down to the largest of the last keys
     of the shards that had more (every unsent token ranks after it); K doubles until the cut lies
@@ -663,8 +667,7 @@ def _top_p_cuts(coll: Collective, z: np.ndarray, start: int, kept_pair: np.ndarr
     for r in range(t):
         if top_k_list is not None and top_k_list[r] is not None:
             zs, ids = top_k_list[r]
-            c = int(_core.sample_top_p_cut(np.ascontiguousarray(zs), float(kept_pair[r, 0]),
-                                           float(kept_pair[r, 1]), float(f32(top_p))))
+            c = int(_core.sample_top_p_cut(np.ascontiguousarray(zs), float(m[r]), mass[r], float(f32(top_p))))
             if 0 <= c < count[r]:
                 result[r] = (float(zs[c - 1]), int(ids[c - 1]))
         else:
@@ -685,8 +688,8 @@ def _top_p_cuts(coll: Collective, z: np.ndarray, start: int, kept_pair: np.ndarr
                     key = topk_keys(g[0][r, K - 1:K], g[1][r, K - 1:K])[0]
                     bound = key if bound is None or key > bound else bound
             certified = len(zs) if bound is None else int((topk_keys(zs, ids) >= bound).sum())
-            c = int(_core.sample_top_p_cut(np.ascontiguousarray(zs[:certified]), float(kept_pair[r, 0]),
-                                           float(kept_pair[r, 1]), float(f32(top_p))))
+            c = int(_core.sample_top_p_cut(np.ascontiguousarray(zs[:certified]), float(m[r]), mass[r],
+                                           float(f32(top_p))))
             if c >= 0:
                 if c < count[r]:
                     result[r] = (float(zs[c - 1]), int(ids[c - 1]))

@@ -777,10 +777,9 @@ class CudaDevice final : public Device {
   // Device::sample: the route and the draw as one CUDA graph per shape
   // (sample.cu's kernels; which of them run depends on the steps asked for),
   // the parameters and positions up and the results down through pinned
-  // memory. top_p (with or without top_k) takes its cut from a sort of each
-  // row's tokens in the kept-set order, in groups of kSampleOrderRows rows;
-  // top_k alone from topk_threshold's k best of each group where it takes
-  // (V, group, k), else so.
+  // memory. top_k takes its cut from topk_threshold's k best of each group of
+  // kSampleOrderRows rows where it takes (V, group, k), else from a sort of
+  // each row's tokens in the kept-set order; top_p from sample_top_p_select.
   bool sample(const float* hidden, bool hidden_on_device, int t, SampleRequest& req, SampleResult* out) override {
     if (t < 1) throw ArgValueError("t must be >= 1");
     const SampleParams& p = req.params;
@@ -836,9 +835,9 @@ class CudaDevice final : public Device {
     const size_t state_bytes = (size_t)t * (sizeof(SampleRowState) + sizeof(unsigned));
     auto* state = static_cast<uint8_t*>(sample_state_.ensure_zeroed(state_bytes, ordinal_, "sampling row state", stream_));
     const int group = std::min(t, kSampleOrderRows);
-    const bool top_p = by_order && p.top_p < 1.0f;
-    // top_k alone: topk_threshold's k best, a group of rows at a time, where it takes (V, group, k)
-    const int select_k = by_order && !top_p && topk_threshold_fits(V, group, p.top_k) ? p.top_k : 0;
+    const bool top_p = by_order && p.top_p < 1.0f, top_k = by_order && p.top_k > 0;
+    // top_k: topk_threshold's k best, a group of rows at a time, where it takes (V, group, k)
+    const int select_k = top_k && topk_threshold_fits(V, group, p.top_k) ? p.top_k : 0;
     void* keys = nullptr;
     void* sort_scratch = nullptr;
     size_t sort_bytes = 0;
@@ -850,11 +849,13 @@ class CudaDevice final : public Device {
       select_sync = static_cast<unsigned*>(sample_select_sync_.ensure_zeroed(
           select_sync_words(group) * sizeof(unsigned), ordinal_, "top_k's selection counters", stream_));  // kept 0
       best = static_cast<uint8_t*>(sample_best_.ensure((size_t)group * select_k * 12, ordinal_, "top_k's best"));
-    } else if (by_order) {
+    } else if (top_k) {
       keys = sample_keys_.ensure(2 * (size_t)group * V * 8, ordinal_, "the kept-set order's keys");
       sort_bytes = sample_order_scratch_bytes(V, group, id_bits);
       sort_scratch = sample_sort_.ensure(std::max<size_t>(sort_bytes, 8), ordinal_, "the kept-set order's sort");
     }
+    uint8_t* top_p_scratch = top_p ? static_cast<uint8_t*>(sample_top_p_.ensure_zeroed(
+        sample_top_p_scratch_bytes(group), ordinal_, "top_p's select", stream_)) : nullptr;  // kept 0
     const float* bias = nullptr;
     const uint8_t* allowed = nullptr;
     if (req.bias) {
@@ -885,14 +886,19 @@ class CudaDevice final : public Device {
     a.keys_sorted = keys ? a.keys + (size_t)group * V : nullptr;
     a.id_bits = id_bits;
     a.id_mask = (unsigned)((1ull << id_bits) - 1);
+    if (top_p_scratch) {
+      a.tp_mass = reinterpret_cast<unsigned long long*>(top_p_scratch);
+      a.tp_count = reinterpret_cast<unsigned*>(top_p_scratch + (size_t)group * kTopPBins * 8);
+      a.tp_cand = reinterpret_cast<unsigned long long*>(top_p_scratch + (size_t)group * kTopPBins * 12);
+    }
     a.out = reinterpret_cast<SampleResult*>(out_dev);
     a.result = reinterpret_cast<SampleResult*>(sample_results_.dev + 8);
     a.fold = folded_epilogue();
     a.kept_raw_pair = by_order || p.min_p > 0.0f || allowed;  // something may be dropped
     a.kept_z_pair = a.kept_raw_pair || bias || p.temperature != 1.0f;  // else z is x, bit for bit
-    const SampleKey key{t, by_order && !select_k ? id_bits : 0, select_k, greedy, top_p, check_x, a.kept_z_pair,
+    const SampleKey key{t, top_k && !select_k ? id_bits : 0, select_k, greedy, top_p, check_x, a.kept_z_pair,
                         a.kept_raw_pair, x, bias, allowed, in, out_dev, sample_results_.dev, logits, z, pairs, state,
-                        keys, sort_scratch, select_scratch, select_sync, best,
+                        keys, sort_scratch, select_scratch, select_sync, best, top_p_scratch,
                         q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr};
     const cudaGraphExec_t exec = sample_graphs_.get(key, [&] {
       return instantiate(capture_stream([&] {
@@ -905,19 +911,15 @@ class CudaDevice final : public Device {
         if (!greedy) {
           for (int r0 = 0; by_order && r0 < t; r0 += group) {
             const int rows = std::min(group, t - r0);
-            if (select_k) {
+            if (select_k)
               sample_top_k_by_select(a, select_k, r0, rows, select_scratch, select_sync,
                                      reinterpret_cast<int64_t*>(best),
                                      reinterpret_cast<float*>(best + (size_t)group * select_k * 8), stream_);
-              continue;
-            }
-            sample_order(a, r0, rows, sort_scratch, sort_bytes, stream_);
-            if (top_p) {
-              sample_kept_pairs(a, false, r0, rows, stream_);
-              sample_top_p(a, r0, rows, stream_);
-            }
+            else if (top_k)
+              sample_order(a, r0, rows, sort_scratch, sort_bytes, stream_);
+            if (top_p) sample_top_p_select(a, r0, rows, stream_);
           }
-          sample_kept_pairs(a, true, 0, t, stream_);
+          sample_kept_pairs(a, 0, t, stream_);
         }
         if (check_x) join_scan();
       }), "cudaGraphInstantiate (sample)");
@@ -1003,14 +1005,15 @@ class CudaDevice final : public Device {
     int t = 0, order_bits = 0, select_k = 0;
     bool greedy = false, top_p = false, check = false, z_pair = false, raw_pair = false;
     const void *x, *bias, *allowed, *in, *out, *results, *logits, *z, *pairs, *state, *keys, *sort_scratch,
-        *select_scratch, *select_sync, *best, *acts_q8, *normed;
+        *select_scratch, *select_sync, *best, *top_p_scratch, *acts_q8, *normed;
     bool operator==(const SampleKey& o) const {
       return t == o.t && order_bits == o.order_bits && select_k == o.select_k && greedy == o.greedy &&
              top_p == o.top_p && check == o.check && z_pair == o.z_pair && raw_pair == o.raw_pair &&
              x == o.x && bias == o.bias && allowed == o.allowed && in == o.in && out == o.out &&
              results == o.results && logits == o.logits && z == o.z && pairs == o.pairs && state == o.state &&
              keys == o.keys && sort_scratch == o.sort_scratch && select_scratch == o.select_scratch &&
-             select_sync == o.select_sync && best == o.best && acts_q8 == o.acts_q8 && normed == o.normed;
+             select_sync == o.select_sync && best == o.best && top_p_scratch == o.top_p_scratch &&
+             acts_q8 == o.acts_q8 && normed == o.normed;
     }
   };
   // vocab_reduce's scratch for t rows of m chosen ids: the tile pairs, and the
@@ -1440,7 +1443,7 @@ class CudaDevice final : public Device {
   GraphCache<ScoreKey> score_graphs_;
   ReduceScratch lsm_reduce_;  // log_softmax()
   Scratch sample_out_, sample_logits_, sample_z_, sample_pairs_, sample_state_, sample_keys_, sample_sort_,
-      sample_select_, sample_select_sync_, sample_best_,
+      sample_select_, sample_select_sync_, sample_best_, sample_top_p_,
       sample_bias_, sample_allowed_;  // sample()
   MappedHost sample_in_, sample_results_;  // sample(): params | positions; the first bad index | results
   Scratch sample_in_dev_;                  // sample(): params | positions in device memory (long grids)

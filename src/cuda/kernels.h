@@ -152,12 +152,17 @@ struct SampleRowState {
   unsigned long long race_key;  // the race's best (key bits, ~id)
   unsigned bad;                 // ~ the first id whose z is not finite (0: none)
   unsigned finite;              // tokens with z > -inf
-  int32_t cut_count;            // tokens the order cut keeps (top_k's count, or all)
   int32_t has_cut;              // 0: no order cut; else the last kept (thr_z, thr_id)
   int32_t thr_id;
   float thr_z;
   float row_lse;                // the logits' canonical logsumexp
-  LsePair cut_pair;             // the pair of the z top_k keeps (top_p's m, s)
+  // top_p's select (sample_top_p_select): the region of the kept-set order that holds the cut
+  unsigned long long tp_rem;     // the mass the cut still needs within the region
+  unsigned long long tp_prefix;  // the region's first tp_bits bits of the order key
+  int32_t tp_bits;
+  int32_t tp_dbin;               // the region's bin of m - z (the first pass's)
+  int32_t tp_phase;              // what the next pass does (sample.cu's TopPPhase)
+  unsigned tp_cand;              // candidates collected
 };
 struct SampleKargs {
   float* x = nullptr;  // logits [t x V] (sample_prep applies `fold` to them in place)
@@ -178,6 +183,10 @@ struct SampleKargs {
   unsigned long long* keys_sorted = nullptr;  // [rows x V]
   int id_bits = 0;
   unsigned id_mask = 0;
+  // top_p's select of a group of rows, zero at rest: each row's bins (mass, count) and candidates
+  unsigned long long* tp_mass = nullptr;  // [rows x kTopPBins]
+  unsigned* tp_count = nullptr;           // [rows x kTopPBins]
+  unsigned long long* tp_cand = nullptr;  // [rows x kTopPCandidates x 2]: order key, weight
   // which pairs sample_final computes: the kept z's (else z is x and nothing
   // is dropped: the logits' own logsumexp) and the kept raw logits' (else
   // nothing is dropped: the kept set's raw mass is the whole row's)
@@ -188,7 +197,7 @@ struct SampleKargs {
 };
 void sample_prep(const SampleKargs& a, cudaStream_t stream);
 // Rows [row0, row0 + rows) (a group of at most kSampleOrderRows): their keys,
-// one sort, top_k's threshold. sort_scratch: sample_order_scratch_bytes.
+// one sort, top_k's threshold (top_k alone where topk_threshold does not take it). sort_scratch: sample_order_scratch_bytes.
 constexpr int kSampleOrderRows = 16;
 inline int sample_order_bits(int id_bits, int rows) {
   int row_bits = 0;
@@ -204,10 +213,18 @@ size_t sample_order_scratch_bytes(int64_t V, int rows, int id_bits);
 // select_scratch, select_sync: topk_threshold's, for `rows` rows.
 void sample_top_k_by_select(const SampleKargs& a, int k, int row0, int rows, void* select_scratch,
                             unsigned* select_sync, int64_t* best_ids, float* best_z, cudaStream_t stream);
-// sample_kept's passes over rows [row0, row0 + rows): final_pass = false the
-// z the order cut keeps (top_p's m, s); true the draw itself
-void sample_kept_pairs(const SampleKargs& a, bool final_pass, int row0, int rows, cudaStream_t stream);
-void sample_top_p(const SampleKargs& a, int row0, int rows, cudaStream_t stream);
+// sample_kept over rows [row0, row0 + rows): the kept set's pairs (min_p applied)
+// and the draw itself
+void sample_kept_pairs(const SampleKargs& a, int row0, int rows, cudaStream_t stream);
+// top_p's cut for rows [row0, row0 + rows) of a group (after top_k's, if any): a
+// radix select by fixed-point mass (muser/sample.h's sample_top_p_target), no sort.
+constexpr int kTopPBins = 2048;
+constexpr int kTopPCandidates = 2048;
+void sample_top_p_select(const SampleKargs& a, int row0, int rows, cudaStream_t stream);
+// bytes of a group's top_p scratch (tp_mass | tp_count | tp_cand), zero at rest
+constexpr size_t sample_top_p_scratch_bytes(int rows) {
+  return (size_t)rows * kTopPBins * 12 + (size_t)rows * kTopPCandidates * 16;
+}
 // The t results as arrays: tokens (int64), logprobs, processed_logprobs, kept_mass.
 void sample_unpack(const SampleResult* results, int t, int64_t* tokens, float* logprobs, float* processed,
                    float* kept_mass, cudaStream_t stream);

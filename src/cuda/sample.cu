@@ -6,19 +6,22 @@
 //                  scratch row, the first non-finite z, the top token (first
 //                  largest z), the count of finite z, the logits' canonical
 //                  logsumexp; greedy rows are finished here.
-//   sample_order   (top_k, top_p) each row's tokens as one key each in the
-//                  kept-set order (larger z, then lower id; the row in the
-//                  high bits), one radix sort of a group of rows, top_k's cut;
-//                  sample_kept (first pass) the (m, s) of the z top_k keeps;
-//                  sample_top_p walks the sorted order adding e^(z - m) in
-//                  sequence, as sample_top_p_count does.
-//   sample_final   the kept set (the order's cut, min_p), the canonical pairs
-//                  of its z and of its raw logits, and the exponential race
-//                  (largest e^(z - m) / E, ties to the lower id: a maximum,
-//                  so any split of the race finds the serial winner).
+//   top_k's cut    topk_threshold's k best of each row (sample_top_k_by_select),
+//                  or, for a top_k beyond it, sample_order: each row's tokens
+//                  as one key each in the kept-set order (larger z, then lower
+//                  id; the row in the high bits), one radix sort of a group of
+//                  rows, the k-th key.
+//   top_p's cut    sample_top_p_select: a radix select by fixed-point mass
+//                  over the z the top_k cut keeps (below), no sort.
+//   sample_kept    the kept set (the cuts, min_p), the canonical pairs of its
+//                  z and of its raw logits, and the exponential race (largest
+//                  e^(z - m) / E, ties to the lower id: a maximum, so any
+//                  split of the race finds the serial winner).
 //
-// Every kernel but the walk runs a CTA per (row, tile of kLseTile ids); the
-// CTA that finishes a row's last tile joins the row (tile_reduce.cuh).
+// Every kernel but the order's sort runs a CTA per (row, tile of kLseTile ids);
+// the CTA that finishes a row's last tile joins the row (tile_reduce.cuh).
+#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
@@ -168,6 +171,12 @@ __device__ __forceinline__ int sorted_id(const SampleKargs& a, unsigned long lon
   return (int)(a.id_mask - (unsigned)(key & a.id_mask));
 }
 
+// A token's place in the kept-set order (descending: larger z, then the lower id)
+// in 32 + id_bits bits.
+__device__ __forceinline__ unsigned long long order_key(const SampleKargs& a, float z, int64_t id) {
+  return ((logit_key(z, 0) >> 32) << a.id_bits) | (a.id_mask - (unsigned)id);
+}
+
 // grid (tiles, rows of the group): each token's place in the kept-set order as
 // one key -- the group row (first rows largest), the order key of (z, id), a
 // -inf z below every finite one -- so one descending sort orders every row.
@@ -180,7 +189,7 @@ __global__ void sample_order_keys_kernel(SampleKargs a, int row0, int rows) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.V; i += (int64_t)gridDim.x * blockDim.x) {
     const float zi = z[i];
     unsigned long long key = row_bits;
-    if (zi != lse_neg_inf()) key |= ((logit_key(zi, 0) >> 32) << a.id_bits) | (a.id_mask - (unsigned)i);
+    if (zi != lse_neg_inf()) key |= order_key(a, zi, i);
     a.keys[r * a.V + i] = key;
   }
 }
@@ -190,12 +199,10 @@ __global__ void sample_order_keys_kernel(SampleKargs a, int row0, int rows) {
 __device__ __forceinline__ void set_top_k_cut(const SampleKargs& a, int64_t k, int top_k, int last_id) {
   SampleRowState& r = a.rows[k];
   r.has_cut = 0;
-  r.cut_count = (int)r.finite;
   if (top_k > 0 && (unsigned)top_k < r.finite) {
     r.has_cut = 1;
     r.thr_id = last_id;
     r.thr_z = a.z[k * a.V + last_id];
-    r.cut_count = top_k;
   }
 }
 
@@ -220,10 +227,8 @@ __global__ void sample_threshold_best_kernel(SampleKargs a, int row0, const int6
   set_top_k_cut(a, k, p.top_k, (int)best_ids[r * best_k + best_k - 1]);
 }
 
-// The kept set's pairs: with final = false, the pair of the z the order cut
-// keeps (top_p's (m, s)); with final = true, also min_p, the pair of the raw
-// logits it keeps and the race, and the finish of each row's draw.
-template <bool kFinal>
+// The kept set (the order cut, min_p): the pairs of its z and of its raw
+// logits, the race, and the finish of each row's draw.
 __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKargs a, int row0) {
   pdl_launch_dependents();
   __shared__ TileSmem sm;
@@ -244,11 +249,11 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
   // the race's pruning bound from the top token's key (sample_race stands on it
   // first): a token below it cannot win, so its clock is never drawn
   float z_floor = lse_neg_inf();
-  if (kFinal && row.top_key) {
+  if (row.top_key) {
     const int top = (int)logit_key_id(row.top_key);
     z_floor = race_z_floor(sample_race_key(m, m, p.seed, position, top));
   }
-  const bool z_pair = !kFinal || a.kept_z_pair, raw_pair = kFinal && a.kept_raw_pair;
+  const bool z_pair = a.kept_z_pair, raw_pair = a.kept_raw_pair;
   float zk[kStepsPerThread], xk[kStepsPerThread];
   unsigned long long race = 0;
 #pragma unroll
@@ -260,32 +265,26 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
     if (i >= count) continue;
     const float zi = z[id];
     bool kept = zi != neg_inf && within_cut(row, zi, id);
-    if (kFinal && kept && p.min_p > 0.0f && canon_exp_nonpos(zi - m) < p.min_p) kept = false;
+    if (kept && p.min_p > 0.0f && canon_exp_nonpos(zi - m) < p.min_p) kept = false;
     if (!kept) continue;
     zk[j] = zi;
-    if (kFinal) {
-      if (raw_pair) xk[j] = x[id];
-      if (zi - m < z_floor) continue;
-      const float key = sample_race_key(zi, m, p.seed, position, id);
-      const unsigned long long packed = logit_key(key, id);  // ranked as a logit: larger, then lower id
-      race = packed > race ? packed : race;
-    }
+    if (raw_pair) xk[j] = x[id];
+    if (zi - m < z_floor) continue;
+    const float key = sample_race_key(zi, m, p.seed, position, id);
+    const unsigned long long packed = logit_key(key, id);  // ranked as a logit: larger, then lower id
+    race = packed > race ? packed : race;
   }
-  if (kFinal) {
-    race = warp_max(race);
-    if (lane == 0) warp_race[warp] = race;
-  }
+  race = warp_max(race);
+  if (lane == 0) warp_race[warp] = race;
   LsePair zpair = lse_empty(), xpair = lse_empty();
   if (z_pair) zpair = tile_pair(zk, sm);  // uniform over the CTA: every thread calls or none
   if (raw_pair) xpair = tile_pair(xk, sm);
   __syncthreads();  // warp_race is read below even where no tile_pair ran
   if (threadIdx.x == 0) {
     a.pairs_a[k * tiles + tile] = zpair;
-    if (kFinal) {
-      a.pairs_b[k * tiles + tile] = xpair;
-      for (int w = 1; w < kTileWarps; ++w) race = warp_race[w] > race ? warp_race[w] : race;
-      if (race) atomicMax(&a.rows[k].race_key, race);
-    }
+    a.pairs_b[k * tiles + tile] = xpair;
+    for (int w = 1; w < kTileWarps; ++w) race = warp_race[w] > race ? warp_race[w] : race;
+    if (race) atomicMax(&a.rows[k].race_key, race);
   }
   if (!finished_row(a.done + k, (unsigned)tiles, sm) || warp != 0) return;
   LsePair kept_pair = lse_empty(), raw_root = lse_empty();
@@ -294,10 +293,6 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
   if (lane != 0) return;
   a.done[k] = 0;
   SampleRowState& r = a.rows[k];
-  if (!kFinal) {
-    r.cut_pair = kept_pair;
-    return;
-  }
   SampleResult& out = a.out[k];
   if (out.status == kSampleOk) {  // else sample_prep's verdict stands
     const unsigned long long race_key = __ldcg(&r.race_key);
@@ -311,59 +306,194 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
   r = SampleRowState{};
 }
 
-// One warp per row of the group: top_p's cut (sample_top_p_count) over the
-// sorted order. Each lane computes the e^(z - m) of one token in every 32,
-// kTopPGroup of them (256 tokens) at a time, the next group's loads in
-// flight while every lane adds this group's weights in order (shuffled: the
-// same running sum on each lane). The additions are the only chain -- the
-// first crossing is kept by a select beside it, and zeros past n add nothing
-// -- so a token costs an FADD's latency, not a load's and a branch's. The
-// cut's last token becomes the threshold.
-constexpr int kTopPGroup = 8;
-__global__ void sample_top_p_kernel(SampleKargs a, int row0) {
-  pdl_launch_dependents();
-  const int64_t k = row0 + blockIdx.x;
-  const int lane = threadIdx.x;
-  const SampleParams p = cta_params(a);
-  SampleRowState& r = a.rows[k];
-  const int n = r.cut_count;
-  const float m = r.cut_pair.m, target = p.top_p * r.cut_pair.s;
-  const unsigned long long* keys = sorted_row(a, k, row0);
-  const float* z = a.z + k * a.V;
-  auto weights = [&](int base, float (&w)[kTopPGroup]) {
+// ---------------------------------------------------------------- top_p's select
+//
+// top_p's cut is the shortest prefix of the kept-set order whose fixed-point
+// mass reaches T = sample_top_p_target(S, top_p) (muser/sample.h): integer
+// sums, so it is found like a radix select, with masses in place of counts,
+// and no sort of the row. Each pass is one grid over the row's tiles; each CTA
+// adds its tokens' weights into bins in shared memory, then into the row's
+// bins; the CTA that finishes the row picks the bin where the mass crosses
+// the target (the region holding the cut) and what the next pass does:
+//   pass 0       bins of m - z, 1/64 wide (in the order: ascending), S and T;
+//   refine       the region's next 11 bits of the order key (descending);
+//   collect      a region of at most kTopPCandidates tokens: their (key,
+//                weight) pairs, then the finishing CTA sorts them and finds
+//                the crossing -- the cut's last token, top_p's (thr_z, thr_id).
+// Later passes find the row done and return. A row's region shrinks to one
+// token after every digit, so the passes sample_top_p_select launches always suffice.
+constexpr int kTopPDigitBits = 11;
+static_assert(kTopPBins == 1 << kTopPDigitBits, "a bin per digit value");
+constexpr float kTopPDbinsPerUnit = 64.0f;
+constexpr int kTopPPerThread = kTopPBins / kTileThreads;  // bins a thread scans; candidates it sorts
+static_assert(kTopPCandidates == kTopPPerThread * kTileThreads, "one sort holds the candidates");
+enum TopPPhase : int32_t { kTopPStart = 0, kTopPRefine = 1, kTopPCollect = 2, kTopPDone = 3 };
+
+// pass 0's bin of a finite z (non-decreasing as z falls: ties share one)
+__device__ __forceinline__ int top_p_dbin(float z, float m) {
+  const float f = (m - z) * kTopPDbinsPerUnit;
+  return f < (float)(kTopPBins - 1) ? (int)f : kTopPBins - 1;
+}
+
+using TopPSort = cub::BlockRadixSort<unsigned long long, kTileThreads, kTopPPerThread, unsigned long long>;
+using TopPScan = cub::BlockScan<unsigned long long, kTileThreads>;
+union TopPSmem {
+  struct {
+    unsigned long long mass[kTopPBins];
+    unsigned count[kTopPBins];
+  } bins;
+  typename TopPSort::TempStorage sort;
+  typename TopPScan::TempStorage scan;
+};
+
+// In the finishing CTA (every thread calls it): v[kTopPPerThread] is this
+// thread's consecutive slice of the order; the one item where the prefix mass
+// first reaches T (none for T = 0): its index in the thread that holds it, with
+// the mass before it in `before`; -1 in every other thread.
+__device__ __forceinline__ int top_p_crossing(const unsigned long long (&v)[kTopPPerThread], unsigned long long T,
+                                              TopPSmem& sm, unsigned long long& before, unsigned long long& total) {
+  unsigned long long mine = 0;
 #pragma unroll
-    for (int g = 0; g < kTopPGroup; ++g) {
-      const int j = base + 32 * g + lane;
-      w[g] = j < n ? canon_exp_nonpos(z[sorted_id(a, keys[j])] - m) : 0.0f;
+  for (int i = 0; i < kTopPPerThread; ++i) mine += v[i];
+  TopPScan(sm.scan).ExclusiveSum(mine, before, total);
+  unsigned long long c = before;
+  int at = -1;
+#pragma unroll
+  for (int i = 0; i < kTopPPerThread; ++i) {
+    const unsigned long long prev = c;
+    c += v[i];
+    if (at < 0 && prev < T && c >= T) {
+      at = i;
+      before = prev;
     }
-  };
-  float c = 0.0f;
-  int cut = n;  // not reached: the whole kept set
-  float w[kTopPGroup];
-  weights(0, w);
-  for (int base = 0; base < n; base += 32 * kTopPGroup) {
-    float next[kTopPGroup];
-    weights(base + 32 * kTopPGroup, next);
-    int found = -1;
-#pragma unroll
-    for (int g = 0; g < kTopPGroup; ++g)
-#pragma unroll
-      for (int l = 0; l < 32; ++l) {
-        c = c + __shfl_sync(0xffffffffu, w[g], l);
-        found = (found < 0 && c >= target) ? base + 32 * g + l + 1 : found;
-      }
-    if (found >= 0) {
-      cut = found;
-      break;
-    }
-#pragma unroll
-    for (int g = 0; g < kTopPGroup; ++g) w[g] = next[g];
   }
-  if (lane == 0 && cut < n) {
-    const int id = sorted_id(a, keys[cut - 1]);
-    r.has_cut = 1;
-    r.thr_id = id;
-    r.thr_z = z[id];
+  return at;
+}
+
+__global__ void __launch_bounds__(kTileThreads) sample_top_p_pass_kernel(SampleKargs a, int row0, int pass) {
+  pdl_launch_dependents();
+  __shared__ TopPSmem sm;
+  __shared__ unsigned last_flag;
+  const int64_t r = blockIdx.y, k = row0 + r, i0 = (int64_t)blockIdx.x * kLseTile;
+  const int count = (int)(a.V - i0 < kLseTile ? a.V - i0 : kLseTile);
+  const SampleParams p = cta_params(a);
+  SampleRowState& row = a.rows[k];
+  const int phase = pass == 0 ? kTopPStart : row.tp_phase;  // the previous pass's verdict
+  if (phase == kTopPDone) return;
+  const SampleRowState st = row;
+  const float neg_inf = lse_neg_inf();
+  const float* z = a.z + k * a.V;
+  const float m = row_top_z(a, k);
+  const int key_bits = 32 + a.id_bits;
+  const int width = key_bits - st.tp_bits < kTopPDigitBits ? key_bits - st.tp_bits : kTopPDigitBits;
+  const int shift = key_bits - st.tp_bits - width;  // the digit's lowest bit
+  unsigned long long* gmass = a.tp_mass + r * kTopPBins;
+  unsigned* gcount = a.tp_count + r * kTopPBins;
+  unsigned long long* cand = a.tp_cand + r * kTopPCandidates * 2;
+  const bool bins = phase != kTopPCollect;
+  if (bins) {
+    for (int b = threadIdx.x; b < kTopPBins; b += kTileThreads) {
+      sm.bins.mass[b] = 0;
+      sm.bins.count[b] = 0;
+    }
+    __syncthreads();
+  }
+  for (int j = threadIdx.x; j < count; j += kTileThreads) {
+    const int id = (int)i0 + j;
+    const float zi = z[id];
+    if (zi == neg_inf || !within_cut(st, zi, id)) continue;
+    const int dbin = top_p_dbin(zi, m);
+    int bin = dbin;
+    if (phase != kTopPStart) {
+      if (dbin != st.tp_dbin) continue;
+      const unsigned long long key = order_key(a, zi, id);
+      if (st.tp_bits > 0 && (key >> (key_bits - st.tp_bits)) != st.tp_prefix) continue;
+      if (phase == kTopPCollect) {
+        const unsigned at = atomicAdd(&row.tp_cand, 1u);  // < kTopPCandidates: the region's count
+        cand[2 * at] = key;
+        cand[2 * at + 1] = sample_top_p_weight(zi, m);
+        continue;
+      }
+      bin = (int)((key >> shift) & ((1u << width) - 1));
+    }
+    atomicAdd(&sm.bins.mass[bin], (unsigned long long)sample_top_p_weight(zi, m));
+    atomicAdd(&sm.bins.count[bin], 1u);
+  }
+  if (bins) {
+    __syncthreads();
+    for (int b = threadIdx.x; b < kTopPBins; b += kTileThreads)
+      if (sm.bins.count[b]) {
+        atomicAdd(&gmass[b], sm.bins.mass[b]);
+        atomicAdd(&gcount[b], sm.bins.count[b]);
+      }
+  }
+  if (!finished_row(a.done + k, gridDim.x, last_flag)) return;
+  if (threadIdx.x == 0) a.done[k] = 0;
+  unsigned long long v[kTopPPerThread], before, total;
+  if (bins) {  // the bins in the order: pass 0's ascending, a digit's descending
+    unsigned c[kTopPPerThread];
+#pragma unroll
+    for (int i = 0; i < kTopPPerThread; ++i) {
+      const int pos = threadIdx.x * kTopPPerThread + i;
+      const int b = phase == kTopPStart ? pos : (1 << width) - 1 - pos;
+      v[i] = 0;
+      c[i] = 0;
+      if (b >= 0) {
+        v[i] = __ldcg(&gmass[b]);
+        c[i] = __ldcg(&gcount[b]);
+        gmass[b] = 0;  // zero at rest for the next pass
+        gcount[b] = 0;
+      }
+    }
+    __syncthreads();  // the bins' shared memory becomes the scan's
+    // pass 0 learns S from the scan's total, so its T follows it
+    unsigned long long T = st.tp_rem;
+    if (phase == kTopPStart) {
+      unsigned long long mine = 0;
+#pragma unroll
+      for (int i = 0; i < kTopPPerThread; ++i) mine += v[i];
+      unsigned long long ignored;
+      TopPScan(sm.scan).ExclusiveSum(mine, ignored, total);
+      __syncthreads();
+      T = total ? sample_top_p_target(total, p.top_p) : 0;
+    }
+    const int at = top_p_crossing(v, T, sm, before, total);
+    if (at >= 0) {
+      const int pos = threadIdx.x * kTopPPerThread + at;
+      row.tp_rem = T - before;
+      if (phase == kTopPStart) {
+        row.tp_dbin = pos;
+      } else {
+        row.tp_prefix = (st.tp_prefix << width) | (unsigned long long)((1 << width) - 1 - pos);
+        row.tp_bits = st.tp_bits + width;
+      }
+      row.tp_phase = c[at] <= (unsigned)kTopPCandidates ? kTopPCollect : kTopPRefine;
+    } else if (threadIdx.x == 0 && T == 0) {
+      row.tp_phase = kTopPDone;  // nothing kept: no cut
+    }
+    return;
+  }
+  // collect: the region's candidates sorted in the order, then the crossing
+  const unsigned n = __ldcg(&row.tp_cand);
+  unsigned long long keys[kTopPPerThread];
+#pragma unroll
+  for (int i = 0; i < kTopPPerThread; ++i) {
+    const unsigned pos = threadIdx.x * kTopPPerThread + i;
+    keys[i] = pos < n ? __ldcg(&cand[2 * pos]) : 0ull;  // 0: below every token's key
+    v[i] = pos < n ? __ldcg(&cand[2 * pos + 1]) : 0ull;
+  }
+  TopPSort(sm.sort).SortDescending(keys, v, 0, key_bits);  // blocked: thread i holds ranks 8i..8i+7
+  __syncthreads();  // the sort's shared memory becomes the scan's
+  const int at = top_p_crossing(v, st.tp_rem, sm, before, total);
+  if (at >= 0) {
+    const int id = (int)(a.id_mask - (unsigned)(keys[at] & a.id_mask));
+    row.has_cut = 1;
+    row.thr_id = id;
+    row.thr_z = z[id];
+  }
+  if (threadIdx.x == 0) {
+    row.tp_phase = kTopPDone;
+    row.tp_cand = 0;
   }
 }
 
@@ -420,14 +550,20 @@ size_t sample_order_scratch_bytes(int64_t V, int rows, int id_bits) {
   return bytes;
 }
 
-void sample_kept_pairs(const SampleKargs& a, bool final_pass, int row0, int rows, cudaStream_t stream) {
+void sample_kept_pairs(const SampleKargs& a, int row0, int rows, cudaStream_t stream) {
   const unsigned tiles = (unsigned)((a.V + kLseTile - 1) / kLseTile);
-  launch_consumer(final_pass ? sample_kept_kernel<true> : sample_kept_kernel<false>, dim3(tiles, (unsigned)rows),
-             dim3(kTileThreads), 0, stream, "sample_kept_pairs", a, row0);
+  launch_consumer(sample_kept_kernel, dim3(tiles, (unsigned)rows), dim3(kTileThreads), 0, stream, "sample_kept_pairs",
+                  a, row0);
 }
 
-void sample_top_p(const SampleKargs& a, int row0, int rows, cudaStream_t stream) {
-  launch_consumer(sample_top_p_kernel, dim3((unsigned)rows), dim3(32), 0, stream, "sample_top_p", a, row0);
+void sample_top_p_select(const SampleKargs& a, int row0, int rows, cudaStream_t stream) {
+  const unsigned tiles = (unsigned)((a.V + kLseTile - 1) / kLseTile);
+  // the d-bins, then a digit of the order key per pass until a region fits the
+  // candidates, then their sort: at most one pass per digit and two more
+  const int passes = 2 + (32 + a.id_bits + kTopPDigitBits - 1) / kTopPDigitBits;
+  for (int pass = 0; pass < passes; ++pass)
+    launch_consumer(sample_top_p_pass_kernel, dim3(tiles, (unsigned)rows), dim3(kTileThreads), 0, stream,
+                    "sample_top_p_select", a, row0, pass);
 }
 
 }  // namespace muser::cuda

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -53,12 +54,13 @@ SampleResult reference(const std::vector<float>& x, SampleParams p, uint64_t pos
   if (p.top_k > 0 && (size_t)p.top_k < keep) keep = (size_t)p.top_k;
   for (size_t j = keep; j < order.size(); ++j) z[(size_t)order[j]] = kNegInf;
   if (p.top_p < 1.0f) {
-    const LsePair kept = row_pair(z);
-    const float target = p.top_p * kept.s;
-    float c = 0.0f;
+    uint64_t mass = 0;  // the kept set's fixed-point mass, then the shortest prefix reaching ceil(top_p * mass)
+    for (size_t j = 0; j < keep; ++j) mass += sample_top_p_weight(z[(size_t)order[j]], m);
+    const uint64_t target = sample_top_p_target(mass, p.top_p);
+    uint64_t c = 0;
     size_t cut = keep;
     for (size_t j = 0; j < keep; ++j) {
-      c = c + canon_exp_nonpos(z[(size_t)order[j]] - kept.m);
+      c += sample_top_p_weight(z[(size_t)order[j]], m);
       if (c >= target) {
         cut = j + 1;
         break;
@@ -153,4 +155,25 @@ TEST(SampleKeptSet, EqualsTheFullSortOfTheSpec) {
           }
     }
   EXPECT_GT(cases, 500);
+}
+
+// top_p's target is ceil(top_p * S) exactly, for every float top_p in (0, 1] and S below 2^62.
+TEST(TopPTarget, IsTheExactCeiling) {
+  std::mt19937_64 rng(5);
+  const float top_ps[] = {1.0f, 0.9f, 0.5f, 1e-3f, 1e-30f, 1e-45f, 0.99999994f, 0.1f};
+  for (int i = 0; i < 20000; ++i) {
+    const uint64_t S = i < 8 ? (uint64_t)i : rng() >> (2 + rng() % 62);
+    const float top_p = i % 3 ? top_ps[i % 8] : std::max(1e-45f, (float)((rng() >> 11) * 0x1.0p-53));
+    uint32_t b;
+    std::memcpy(&b, &top_p, 4);
+    const uint32_t e = b >> 23;
+    const unsigned __int128 mant = e ? ((b & 0x7FFFFFu) | 0x800000u) : (b & 0x7FFFFFu);
+    const int shift = e ? 150 - (int)e : 149;
+    const unsigned __int128 prod = mant * (unsigned __int128)S;
+    const unsigned __int128 q = shift >= 128 ? 0 : prod >> shift;
+    const bool rem = shift >= 128 ? prod != 0 : (prod - (q << shift)) != 0;
+    ASSERT_EQ(sample_top_p_target(S, top_p), (uint64_t)q + (rem ? 1 : 0)) << "S=" << S << " top_p=" << top_p;
+  }
+  EXPECT_EQ(sample_top_p_target(uint64_t{1} << 40, 0.5f), uint64_t{1} << 39);
+  EXPECT_EQ(sample_top_p_target(3, 0.5f), 2u);
 }

@@ -126,19 +126,26 @@ void bind_shard(nb::module_& m) {
         },
         nb::arg("x"), nb::arg("bias").none(), nb::arg("allowed").none(), nb::arg("temperature"));
 
-  // top_p's cut over z values already in the kept-set order (sample_top_p_count's
-  // running sum): the prefix length that reaches top_p * s, or -1 when none does.
-  m.def("sample_top_p_cut", [](Row z_sorted, float m, float s, float top_p) -> int64_t {
+  // top_p's mass of each row of one shard's z [t, n] (sample_top_p_mass against the
+  // row's top z m [t], over all shards): integers, so the shards' masses add to the row's.
+  m.def("sample_top_p_mass_rows", [](Rows z, Row m) {
+    const int64_t t = (int64_t)z.shape(0), n = (int64_t)z.shape(1);
+    if ((int64_t)m.shape(0) != t) throw ArgValueError("m must hold one value per row of z");
+    std::vector<uint64_t> S((size_t)t);
+    for (int64_t r = 0; r < t; ++r) S[(size_t)r] = sample_top_p_mass(z.data() + r * n, (int)n, m.data()[r]);
+    return owned(std::move(S), {(size_t)t});
+  }, nb::arg("z"), nb::arg("m"));
+
+  // top_p's cut over z values already in the kept-set order (sample_top_p_count
+  // against sample_top_p_target(S, top_p), S the kept set's mass): the prefix length
+  // that reaches it, or -1 when these values do not.
+  m.def("sample_top_p_cut", [](Row z_sorted, float m, uint64_t S, float top_p) -> int64_t {
     const int64_t n = (int64_t)z_sorted.shape(0);
     std::vector<int32_t> order((size_t)n);
     for (int64_t j = 0; j < n; ++j) order[(size_t)j] = (int32_t)j;
-    const int cut = sample_top_p_count(z_sorted.data(), order.data(), (int)n, m, s, top_p);
-    if (cut < n) return cut;
-    // the last element: reached there, or never
-    float c = 0.0f;
-    for (int64_t j = 0; j < n; ++j) c = c + canon_exp_nonpos(z_sorted.data()[j] - m);
-    return n > 0 && c >= top_p * s ? n : -1;
-  }, nb::arg("z_sorted"), nb::arg("m"), nb::arg("s"), nb::arg("top_p"));
+    const int cut = sample_top_p_count(z_sorted.data(), order.data(), (int)n, m, sample_top_p_target(S, top_p));
+    return cut > 0 ? cut : -1;
+  }, nb::arg("z_sorted"), nb::arg("m"), nb::arg("S"), nb::arg("top_p"));
 
   // The exponential race over one shard's kept z [t, n] (token ids start ..
   // start + n - 1), from the shard's own top (local index, -1: none kept):

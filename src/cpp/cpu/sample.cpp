@@ -72,11 +72,26 @@ struct CpuSteps {
     }
     std::sort(order, order + k, before);
   }
-  // sample_top_p_count's bits: each chunk's weights e^(z - m) on the active
-  // ISA's canon_exp_nonpos twin, then the same running sum, in order
-  int top_p_count(const float* z, const int32_t* order, int n, float m, float s, float top_p) const {
-    const float target = top_p * s;
-    float c = 0.0f;
+  // sample_top_p_mass's and sample_top_p_count's integers: each chunk's weights
+  // e^(z - m) on the active ISA's canon_exp_nonpos twin, in fixed point
+  uint64_t top_p_mass(const float* z, int n, float m) const {
+    uint64_t S = 0;
+    constexpr int kChunk = 1024;
+    float d[kChunk], w[kChunk];
+    for (int j0 = 0; j0 < n; j0 += kChunk) {
+      const int len = std::min(kChunk, n - j0);
+      int live = 0;
+      for (int j = 0; j < len; ++j) {  // the finite z, packed (a -inf z weighs nothing)
+        d[live] = z[j0 + j] - m;
+        live += (int)(z[j0 + j] != lse_neg_inf());
+      }
+      exp_nonpos_cpu(d, w, live);
+      for (int j = 0; j < live; ++j) S += sample_top_p_fixed(w[j]);
+    }
+    return S;
+  }
+  int top_p_count(const float* z, const int32_t* order, int n, float m, uint64_t target) const {
+    uint64_t c = 0;
     constexpr int kChunk = 1024;
     float d[kChunk], w[kChunk];
     for (int j0 = 0; j0 < n; j0 += kChunk) {
@@ -84,11 +99,11 @@ struct CpuSteps {
       for (int j = 0; j < len; ++j) d[j] = z[order[j0 + j]] - m;
       exp_nonpos_cpu(d, w, len);
       for (int j = 0; j < len; ++j) {
-        c = c + w[j];
+        c += sample_top_p_fixed(w[j]);
         if (c >= target) return j0 + j + 1;
       }
     }
-    return n;
+    return 0;
   }
   // sample_row_pair's tiles on the active ISA's twin (bit-equal to lse_tile)
   LsePair pair(const float* z, int n, LsePair* tiles) const {

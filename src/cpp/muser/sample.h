@@ -162,19 +162,63 @@ MUSER_HD SampleShape sample_processed(PX x, PB bias, PA allowed, int n, float te
   return sh;
 }
 
+// top_p's mass (docs/numerics.md, "Sampling"): a token's weight e^(z - m) in
+// fixed point, trunc(e^(z - m) * 2^38), summed as integers. Integer
+// sums do not depend on the order of the additions, so a parallel reduction, a
+// sharded one and the CPU's running sum give the same total and the same cut
+// (a float running sum would pin one serial order of tens of thousands of
+// additions). With W <= 2^38 a vocabulary of up to 2^24 ids sums below 2^62.
+MUSER_CONSTANT constexpr float kTopPScale = 274877906944.0f;  // 2^38
+// A weight w in [0, 1] in fixed point (the product is exact; the cast truncates).
+MUSER_HD uint64_t sample_top_p_fixed(float w) { return (uint64_t)(w * kTopPScale); }
+MUSER_HD uint64_t sample_top_p_weight(float z, float m) { return sample_top_p_fixed(canon_exp_nonpos(z - m)); }
+
+// The mass top_p's cut must reach: ceil(top_p * S), exactly (top_p in (0, 1],
+// S < 2^62): top_p = mant * 2^-shift, the product mant * S in two 64-bit words.
+MUSER_HD uint64_t sample_top_p_target(uint64_t S, float top_p) {
+  const uint32_t b = f32_to_bits(top_p);
+  const uint32_t e = b >> 23;
+  const uint64_t mant = e ? ((b & 0x7FFFFFu) | 0x800000u) : (b & 0x7FFFFFu);
+  const int shift = e ? 150 - (int)e : 149;  // >= 23 for top_p <= 1
+  const uint64_t p0 = mant * (S & 0xFFFFFFFFu), p1 = mant * (S >> 32);  // each < 2^54
+  const uint64_t lo = p0 + (p1 << 32);
+  const uint64_t hi = (p1 >> 32) + (lo < p0 ? 1u : 0u);
+  uint64_t q;
+  bool rem;
+  if (shift >= 128) {
+    q = 0;
+    rem = (hi | lo) != 0;
+  } else if (shift >= 64) {
+    q = shift == 64 ? hi : hi >> (shift - 64);
+    rem = lo != 0 || (shift > 64 && (hi & ((uint64_t{1} << (shift - 64)) - 1)) != 0);
+  } else {
+    q = (lo >> shift) | (hi << (64 - shift));
+    rem = (lo & ((uint64_t{1} << shift) - 1)) != 0;
+  }
+  return q + (rem ? 1u : 0u);
+}
+
+// top_p's mass S of the finite z among n (m: their largest).
+template <class PZ>
+MUSER_HD uint64_t sample_top_p_mass(PZ z, int n, float m) {
+  const float neg_inf = lse_neg_inf();
+  uint64_t S = 0;
+  for (int i = 0; i < n; ++i)
+    if (z[i] != neg_inf) S += sample_top_p_weight(z[i], m);
+  return S;
+}
+
 // The top_p cut: over the first n tokens of `order` (already in the kept-set
-// order), how many the smallest prefix whose running sum of e^(z - m) reaches
-// top_p * s takes (s: the kept set's canonical sum; the running sum adds in
-// order, one rounding per term). All n when rounding keeps it from reaching.
+// order), how many the smallest prefix whose mass reaches `target`
+// (sample_top_p_target of the kept set's mass) takes; 0 when the n do not reach it.
 template <class PZ, class PO>
-MUSER_HD int sample_top_p_count(PZ z, PO order, int n, float m, float s, float top_p) {
-  const float target = top_p * s;
-  float c = 0.0f;
+MUSER_HD int sample_top_p_count(PZ z, PO order, int n, float m, uint64_t target) {
+  uint64_t c = 0;
   for (int j = 0; j < n; ++j) {
-    c = c + canon_exp_nonpos(z[order[j]] - m);
+    c += sample_top_p_weight(z[order[j]], m);
     if (c >= target) return j + 1;
   }
-  return n;
+  return 0;
 }
 
 // A kept token's entry in the race: its weight e^(z - m) over its clock.
@@ -241,9 +285,9 @@ MUSER_HD int32_t sample_race(PZ z, int n, float m, uint64_t seed, uint64_t posit
 }
 
 // The serial forms of the steps a backend may run in parallel (the policy
-// sample_row takes: ops.pair, ops.race, ops.top_p_count (sample_top_p_count's
-// bits: its weights may be computed ahead, the running sum is the order's),
-// and ops.prefix, the sort).
+// sample_row takes: ops.pair, ops.race, ops.top_p_mass and ops.top_p_count
+// (sample_top_p_mass's and sample_top_p_count's integers, in any order of
+// additions), and ops.prefix, the sort).
 struct SampleSerialSteps {
   template <class PZ, class PT>
   MUSER_HD LsePair pair(PZ z, int n, PT tiles) const {
@@ -253,9 +297,13 @@ struct SampleSerialSteps {
   MUSER_HD int32_t race(PZ z, int n, float m, uint64_t seed, uint64_t position, int32_t top) const {
     return sample_race(z, n, m, seed, position, top);
   }
+  template <class PZ>
+  MUSER_HD uint64_t top_p_mass(PZ z, int n, float m) const {
+    return sample_top_p_mass(z, n, m);
+  }
   template <class PZ, class PO>
-  MUSER_HD int top_p_count(PZ z, PO order, int n, float m, float s, float top_p) const {
-    return sample_top_p_count(z, order, n, m, s, top_p);
+  MUSER_HD int top_p_count(PZ z, PO order, int n, float m, uint64_t target) const {
+    return sample_top_p_count(z, order, n, m, target);
   }
 };
 
@@ -334,37 +382,36 @@ MUSER_HD KeptSet sample_kept_set(PZ z, int n, SampleParams p, float row_lse, MUS
       sh.dropped = true;
     }
     if (p.top_p < 1.0f) {
-      const LsePair kept = ops.pair(z, n, tiles);  // kept.m == m
-      int cut = -1;
+      const uint64_t target = sample_top_p_target(ops.top_p_mass(z, n, m), p.top_p);
+      int cut = 0;
       if (top_k_cuts) {  // top_k sorted its survivors
-        cut = ops.top_p_count(z, order, count, kept.m, kept.s, p.top_p);
+        cut = ops.top_p_count(z, order, count, m, target);
       } else {
-        // the fewest buckets whose mass, bounded below, passes top_p * s (with
-        // a margin for the rounding of the running sum): their prefix holds the cut
-        // unless the running sum still falls short at its end
-        const float target = p.top_p * kept.s * 1.001f;
-        float mass = 0.0f;
+        // the fewest buckets whose mass, bounded below, reaches the target: their
+        // prefix holds the cut (the bound's margin covers canon_exp's rounding;
+        // the walk over them confirms it)
+        uint64_t mass = 0;
         int last = -1, candidates = 0;
         for (int b = 0; b < kSampleBuckets - 1 && mass < target; ++b) {
-          mass += (float)hist[b] * canon_exp_nonpos(-(float)(b + 1) / kSampleBucketsPerUnit) * 0.999f;
+          const float w = canon_exp_nonpos(-(float)(b + 1) / kSampleBucketsPerUnit) * 0.999f;
+          mass += (uint64_t)hist[b] * sample_top_p_fixed(w);
           candidates += hist[b];
           last = b;
         }
         if (mass >= target && candidates < count) {
           candidates = sample_bucket_ids(z, n, m, last, order);
           ops.prefix(order, candidates, candidates, z);
-          const int c = ops.top_p_count(z, order, candidates, kept.m, kept.s, p.top_p);
-          if (c < candidates) cut = c;
+          cut = ops.top_p_count(z, order, candidates, m, target);
         }
       }
-      if (cut < 0) {  // the whole order: sort a growing prefix until its mass reaches top_p
+      if (cut == 0) {  // the whole order: sort a growing prefix until its mass reaches the target
         count = 0;
         for (int i = 0; i < n; ++i)
           if (z[i] != neg_inf) order[count++] = i;
         int sorted = 0;
-        // every weight is <= 1, so the prefix holds about top_p * s tokens or more: start
+        // every weight is <= kTopPScale, so the prefix holds at least target / kTopPScale tokens: start
         // there (any start finds the same cut: the first prefix reaching, in a sorted prefix)
-        const float at_least = kept.s * p.top_p;
+        const float at_least = (float)target / kTopPScale;
         int want = at_least < 64.0f ? 64 : at_least < (float)count ? (int)at_least + 1 : count;
         for (;; want = want > count / 4 ? count : want * 4) {
           const int k = want < count ? want : count;
@@ -372,8 +419,8 @@ MUSER_HD KeptSet sample_kept_set(PZ z, int n, SampleParams p, float row_lse, MUS
             ops.prefix(order, count, k, z);
             sorted = k;
           }
-          cut = ops.top_p_count(z, order, k, kept.m, kept.s, p.top_p);
-          if (cut < k || k == count) break;
+          cut = ops.top_p_count(z, order, k, m, target);
+          if (cut > 0 || k == count) break;
         }
       }
       if (cut < count) {
