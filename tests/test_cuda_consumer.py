@@ -270,13 +270,14 @@ def test_device_sample_equals_host_sampling_of_the_devices_logits(files, route, 
 
 def test_device_top_p_cuts_within_tied_logits_by_id(files):
     # a zero hidden state gives 5,003 equal logits: top_p's select refines through every bit
-    # of the order key down to the ids (the cut is the lowest ids, as the CPU's sort gives)
+    # of the order key down to the ids (the cut is the lowest ids, as the CPU's sort gives),
+    # rows 1 and 33 of 40 (every row in one grid)
     from muser import _sampling
     path = files("Q5_K", 5003)
     gpu = muser.Head.load(path, device="cuda", route="canonical")
-    x = hidden_states(256, 3, seed=5)
-    x[1] = 0.0
-    pos = np.arange(3)
+    x = hidden_states(256, 40, seed=5)
+    x[[1, 33]] = 0.0
+    pos = np.arange(40)
     for top_p in (0.3, 0.999, 1e-6):
         got = gpu.sample(x, seed=1, positions=pos, top_p=top_p)
         params = _sampling.check_params(5003, seed=1, positions=pos, temperature=1.0, top_k=0, top_p=top_p,
@@ -285,7 +286,24 @@ def test_device_top_p_cuts_within_tied_logits_by_id(files):
         np.testing.assert_array_equal(got.tokens, want.tokens)
         np.testing.assert_array_equal(bits(got.kept_mass), bits(want.kept_mass))
         np.testing.assert_array_equal(bits(got.processed_logprobs), bits(want.processed_logprobs))
-        assert abs(float(got.kept_mass[1]) - max(top_p, 1 / 5003)) < 2e-4  # ceil(top_p * 5003) tokens of 5003
+        for r in (1, 33):  # ceil(top_p * 5003) tokens of 5003
+            assert abs(float(got.kept_mass[r]) - max(top_p, 1 / 5003)) < 2e-4
+
+
+@pytest.mark.parametrize("kw", [{"top_p": 0.8}, {"top_k": 100, "top_p": 0.8}, {"top_k": 30}])
+def test_device_sample_of_40_rows_equals_host_sampling(files, kw):
+    # top_k's cut in groups of 16 rows, then top_p over all 40 rows in one grid
+    from muser import _sampling
+    path = files("Q5_K", 5003)
+    gpu = muser.Head.load(path, device="cuda", route="fused", acts="q8")
+    x = hidden_states(256, 40, seed=77)
+    pos = np.arange(1000, 1040)
+    got = gpu.sample(x, seed=5, positions=pos, temperature=0.9, **kw)
+    params = _sampling.check_params(5003, seed=5, positions=pos, **{
+        "temperature": 0.9, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "logit_bias": None, "allowed": None, **kw})
+    want = _sampling.sample_logits(np.array(gpu(x)), False, params, pos.astype(np.uint64))
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(bits(got.kept_mass), bits(want.kept_mass))
 
 
 def test_device_sample_from_device_hidden_states_checks_them(files):

@@ -779,7 +779,8 @@ class CudaDevice final : public Device {
   // the parameters and positions up and the results down through pinned
   // memory. top_k takes its cut from topk_threshold's k best of each group of
   // kSampleOrderRows rows where it takes (V, group, k), else from a sort of
-  // each row's tokens in the kept-set order; top_p from sample_top_p_select.
+  // each row's tokens in the kept-set order; top_p from sample_top_p_select,
+  // every row in one grid.
   bool sample(const float* hidden, bool hidden_on_device, int t, SampleRequest& req, SampleResult* out) override {
     if (t < 1) throw ArgValueError("t must be >= 1");
     const SampleParams& p = req.params;
@@ -787,7 +788,7 @@ class CudaDevice final : public Device {
     const bool by_order = !greedy && (p.top_k > 0 || p.top_p < 1.0f);
     int id_bits = 1;
     while ((int64_t{1} << id_bits) < spec_.vocab) ++id_bits;
-    if (by_order && id_bits > 28) return false;  // the order's keys hold 28-bit ids
+    if (by_order && id_bits > kSampleMaxIdBits) return false;  // the host's sampler takes the row
     if (!sample_once(hidden, hidden_on_device, t, req, greedy, by_order, id_bits, out)) return false;
     for (int r = 0; r < t; ++r)
       if (out[r].status != kSampleOk) return false;  // the host names the row's problem
@@ -855,7 +856,7 @@ class CudaDevice final : public Device {
       sort_scratch = sample_sort_.ensure(std::max<size_t>(sort_bytes, 8), ordinal_, "the kept-set order's sort");
     }
     uint8_t* top_p_scratch = top_p ? static_cast<uint8_t*>(sample_top_p_.ensure_zeroed(
-        sample_top_p_scratch_bytes(group), ordinal_, "top_p's select", stream_)) : nullptr;  // kept 0
+        sample_top_p_scratch_bytes(t), ordinal_, "top_p's select", stream_)) : nullptr;  // kept 0
     const float* bias = nullptr;
     const uint8_t* allowed = nullptr;
     if (req.bias) {
@@ -888,8 +889,8 @@ class CudaDevice final : public Device {
     a.id_mask = (unsigned)((1ull << id_bits) - 1);
     if (top_p_scratch) {
       a.tp_mass = reinterpret_cast<unsigned long long*>(top_p_scratch);
-      a.tp_count = reinterpret_cast<unsigned*>(top_p_scratch + (size_t)group * kTopPBins * 8);
-      a.tp_cand = reinterpret_cast<unsigned long long*>(top_p_scratch + (size_t)group * kTopPBins * 12);
+      a.tp_count = reinterpret_cast<unsigned*>(top_p_scratch + (size_t)t * kTopPBins * 8);
+      a.tp_cand = reinterpret_cast<unsigned long long*>(top_p_scratch + (size_t)t * kTopPBins * 12);
     }
     a.out = reinterpret_cast<SampleResult*>(out_dev);
     a.result = reinterpret_cast<SampleResult*>(sample_results_.dev + 8);
@@ -909,16 +910,16 @@ class CudaDevice final : public Device {
           if (st.first != folded) enqueue(st, x, normed, logits, t);
         sample_prep(a, stream_);
         if (!greedy) {
-          for (int r0 = 0; by_order && r0 < t; r0 += group) {
+          for (int r0 = 0; top_k && r0 < t; r0 += group) {
             const int rows = std::min(group, t - r0);
             if (select_k)
               sample_top_k_by_select(a, select_k, r0, rows, select_scratch, select_sync,
                                      reinterpret_cast<int64_t*>(best),
                                      reinterpret_cast<float*>(best + (size_t)group * select_k * 8), stream_);
-            else if (top_k)
+            else
               sample_order(a, r0, rows, sort_scratch, sort_bytes, stream_);
-            if (top_p) sample_top_p_select(a, r0, rows, stream_);
           }
+          if (top_p) sample_top_p_select(a, 0, t, stream_);  // every row at once
           sample_kept_pairs(a, 0, t, stream_);
         }
         if (check_x) join_scan();

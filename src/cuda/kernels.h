@@ -183,7 +183,7 @@ struct SampleKargs {
   unsigned long long* keys_sorted = nullptr;  // [rows x V]
   int id_bits = 0;
   unsigned id_mask = 0;
-  // top_p's select of a group of rows, zero at rest: each row's bins (mass, count) and candidates
+  // top_p's select of the t rows, zero at rest: each row's bins (mass, count) and candidates
   unsigned long long* tp_mass = nullptr;  // [rows x kTopPBins]
   unsigned* tp_count = nullptr;           // [rows x kTopPBins]
   unsigned long long* tp_cand = nullptr;  // [rows x kTopPCandidates x 2]: order key, weight
@@ -216,12 +216,16 @@ void sample_top_k_by_select(const SampleKargs& a, int k, int row0, int rows, voi
 // sample_kept over rows [row0, row0 + rows): the kept set's pairs (min_p applied)
 // and the draw itself
 void sample_kept_pairs(const SampleKargs& a, int row0, int rows, cudaStream_t stream);
-// top_p's cut for rows [row0, row0 + rows) of a group (after top_k's, if any): a
-// radix select by fixed-point mass (muser/sample.h's sample_top_p_target), no sort.
+// top_p's cut for rows [row0, row0 + rows) (after top_k's, if any): a radix
+// select by fixed-point mass (muser/sample.h's sample_top_p_target), no sort,
+// in two grids over the rows' tiles.
+// the most id bits the kept-set order's keys hold (32 bits of z beside them, and the
+// sort's row bits)
+constexpr int kSampleMaxIdBits = 28;
 constexpr int kTopPBins = 2048;
 constexpr int kTopPCandidates = 2048;
 void sample_top_p_select(const SampleKargs& a, int row0, int rows, cudaStream_t stream);
-// bytes of a group's top_p scratch (tp_mass | tp_count | tp_cand), zero at rest
+// bytes of top_p's scratch for `rows` rows (tp_mass | tp_count | tp_cand), zero at rest
 constexpr size_t sample_top_p_scratch_bytes(int rows) {
   return (size_t)rows * kTopPBins * 12 + (size_t)rows * kTopPCandidates * 16;
 }

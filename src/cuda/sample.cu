@@ -311,21 +311,23 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
 // top_p's cut is the shortest prefix of the kept-set order whose fixed-point
 // mass reaches T = sample_top_p_target(S, top_p) (muser/sample.h): integer
 // sums, so it is found like a radix select, with masses in place of counts,
-// and no sort of the row. Each pass is one grid over the row's tiles; each CTA
-// adds its tokens' weights into bins in shared memory, then into the row's
-// bins; the CTA that finishes the row picks the bin where the mass crosses
-// the target (the region holding the cut) and what the next pass does:
-//   pass 0       bins of m - z, 1/64 wide (in the order: ascending), S and T;
-//   refine       the region's next 11 bits of the order key (descending);
-//   collect      a region of at most kTopPCandidates tokens: their (key,
-//                weight) pairs, then the finishing CTA sorts them and finds
-//                the crossing -- the cut's last token, top_p's (thr_z, thr_id).
-// Later passes find the row done and return. A row's region shrinks to one
-// token after every digit, so the passes sample_top_p_select launches always suffice.
+// and no sort of the row. The region holding the cut narrows in steps:
+//   Start    bins of m - z, 1/64 wide (in the order: ascending), S and T;
+//   Refine   the region's next 11 bits of the order key (descending);
+//   Collect  a region of at most kTopPCandidates tokens: their (key, weight)
+//            pairs, sorted, and the crossing -- the cut's last token, top_p's
+//            (thr_z, thr_id).
+// Two grids over the row's tiles: the first adds each token's weight into its
+// d-bin (shared memory, then the row's bins) and its finishing CTA picks the
+// region; the second collects the region's candidates, or, where the region
+// is larger (a plateau of more than kTopPCandidates tokens 1/64 wide), adds
+// one digit's bins, and its finishing CTA goes on alone over the row, a digit
+// at a time, until a region fits (every digit narrows it; the whole key is one
+// token), then sorts the candidates and finds the crossing.
 constexpr int kTopPDigitBits = 11;
 static_assert(kTopPBins == 1 << kTopPDigitBits, "a bin per digit value");
 constexpr float kTopPDbinsPerUnit = 64.0f;
-constexpr int kTopPPerThread = kTopPBins / kTileThreads;  // bins a thread scans; candidates it sorts
+constexpr int kTopPPerThread = kTopPBins / kTileThreads;  // bins a thread picks from; candidates it sorts
 static_assert(kTopPCandidates == kTopPPerThread * kTileThreads, "one sort holds the candidates");
 enum TopPPhase : int32_t { kTopPStart = 0, kTopPRefine = 1, kTopPCollect = 2, kTopPDone = 3 };
 
@@ -346,13 +348,62 @@ union TopPSmem {
   typename TopPScan::TempStorage scan;
 };
 
-// In the finishing CTA (every thread calls it): v[kTopPPerThread] is this
+// The region the next step narrows (SampleRowState's tp_ fields).
+struct TopPRegion {
+  unsigned long long rem, prefix;
+  int bits, dbin, phase;
+};
+
+// The digit a Refine step bins: its width and lowest bit.
+__device__ __forceinline__ int top_p_width(const SampleKargs& a, const TopPRegion& g) {
+  const int left = 32 + a.id_bits - g.bits;
+  return left < kTopPDigitBits ? left : kTopPDigitBits;
+}
+
+// This thread's ids i0 + threadIdx.x, + kTileThreads, ... < i1 of row z: the
+// region's weights into the shared bins (Start, Refine) or its candidates
+// into cand, counted by *n (Collect). The bins are zero before; sync after.
+__device__ __forceinline__ void top_p_scan(const SampleKargs& a, const SampleRowState& st, const TopPRegion& g,
+                                           const float* z, float m, int64_t i0, int64_t i1, TopPSmem& sm, unsigned* n,
+                                           unsigned long long* cand) {
+  const int key_bits = 32 + a.id_bits, width = top_p_width(a, g), shift = key_bits - g.bits - width;
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += kTileThreads) {
+    const int id = (int)i;
+    const float zi = z[id];
+    if (zi == lse_neg_inf() || !within_cut(st, zi, id)) continue;
+    const int dbin = top_p_dbin(zi, m);
+    int bin = dbin;
+    if (g.phase != kTopPStart) {
+      if (dbin != g.dbin) continue;
+      const unsigned long long key = order_key(a, zi, id);
+      if (g.bits > 0 && (key >> (key_bits - g.bits)) != g.prefix) continue;
+      if (g.phase == kTopPCollect) {
+        const unsigned at = atomicAdd(n, 1u);  // < kTopPCandidates: the region's count
+        cand[2 * at] = key;
+        cand[2 * at + 1] = sample_top_p_weight(zi, m);
+        continue;
+      }
+      bin = (int)((key >> shift) & ((1u << width) - 1));
+    }
+    atomicAdd(&sm.bins.mass[bin], (unsigned long long)sample_top_p_weight(zi, m));
+    atomicAdd(&sm.bins.count[bin], 1u);
+  }
+}
+
+__device__ __forceinline__ void top_p_zero_bins(TopPSmem& sm) {
+  for (int b = threadIdx.x; b < kTopPBins; b += kTileThreads) {
+    sm.bins.mass[b] = 0;
+    sm.bins.count[b] = 0;
+  }
+}
+
+// In a finishing CTA (every thread calls it): v[kTopPPerThread] is this
 // thread's consecutive slice of the order; the one item where the prefix mass
 // first reaches T (none for T = 0): its index in the thread that holds it, with
 // the mass before it in `before`; -1 in every other thread.
 __device__ __forceinline__ int top_p_crossing(const unsigned long long (&v)[kTopPPerThread], unsigned long long T,
-                                              TopPSmem& sm, unsigned long long& before, unsigned long long& total) {
-  unsigned long long mine = 0;
+                                              TopPSmem& sm, unsigned long long& before) {
+  unsigned long long mine = 0, total;
 #pragma unroll
   for (int i = 0; i < kTopPPerThread; ++i) mine += v[i];
   TopPScan(sm.scan).ExclusiveSum(mine, before, total);
@@ -370,55 +421,86 @@ __device__ __forceinline__ int top_p_crossing(const unsigned long long (&v)[kTop
   return at;
 }
 
+// In a finishing CTA (every thread calls it, the bins in v and c as top_p_crossing
+// reads them): the next region into g (shared), the same in every thread after.
+__device__ __forceinline__ void top_p_pick(const unsigned long long (&v)[kTopPPerThread],
+                                           const unsigned (&c)[kTopPPerThread], float top_p, int width, TopPSmem& sm,
+                                           TopPRegion& g) {
+  __syncthreads();  // the bins' shared memory becomes the scan's
+  unsigned long long T = g.rem, before;
+  if (g.phase == kTopPStart) {  // S is the bins' total, and T follows it
+    unsigned long long mine = 0, total;
+#pragma unroll
+    for (int i = 0; i < kTopPPerThread; ++i) mine += v[i];
+    TopPScan(sm.scan).ExclusiveSum(mine, before, total);
+    __syncthreads();
+    T = total ? sample_top_p_target(total, top_p) : 0;
+  }
+  const int at = top_p_crossing(v, T, sm, before);
+  const TopPRegion was = g;
+  __syncthreads();  // every thread has read g
+  if (at >= 0) {
+    const int pos = threadIdx.x * kTopPPerThread + at;
+    g.rem = T - before;
+    if (was.phase == kTopPStart) {
+      g.dbin = pos;
+    } else {
+      g.prefix = (was.prefix << width) | (unsigned long long)((1 << width) - 1 - pos);
+      g.bits = was.bits + width;
+    }
+    g.phase = c[at] <= (unsigned)kTopPCandidates ? kTopPCollect : kTopPRefine;
+  } else if (threadIdx.x == 0 && T == 0) {
+    g.phase = kTopPDone;  // nothing kept: no cut
+  }
+  __syncthreads();
+}
+
+// The bins in the order, this thread's slice (Start: ascending d-bins; Refine:
+// descending digits, of `width` bits), from mass / count, which it zeroes.
+template <class PM, class PC>
+__device__ __forceinline__ void top_p_take_bins(PM mass, PC count, bool ascending, int width,
+                                                unsigned long long (&v)[kTopPPerThread], unsigned (&c)[kTopPPerThread]) {
+#pragma unroll
+  for (int i = 0; i < kTopPPerThread; ++i) {
+    const int pos = threadIdx.x * kTopPPerThread + i;
+    const int b = ascending ? pos : (1 << width) - 1 - pos;
+    v[i] = 0;
+    c[i] = 0;
+    if (b >= 0) {
+      v[i] = mass(b);
+      c[i] = count(b);
+    }
+  }
+}
+
+// pass 0: the d-bins; pass 1: the region's candidates (or a digit), then the cut.
 __global__ void __launch_bounds__(kTileThreads) sample_top_p_pass_kernel(SampleKargs a, int row0, int pass) {
   pdl_launch_dependents();
   __shared__ TopPSmem sm;
+  __shared__ TopPRegion g;
   __shared__ unsigned last_flag;
   const int64_t r = blockIdx.y, k = row0 + r, i0 = (int64_t)blockIdx.x * kLseTile;
-  const int count = (int)(a.V - i0 < kLseTile ? a.V - i0 : kLseTile);
+  const int64_t i1 = a.V - i0 < kLseTile ? a.V : i0 + kLseTile;
   const SampleParams p = cta_params(a);
   SampleRowState& row = a.rows[k];
-  const int phase = pass == 0 ? kTopPStart : row.tp_phase;  // the previous pass's verdict
-  if (phase == kTopPDone) return;
-  const SampleRowState st = row;
-  const float neg_inf = lse_neg_inf();
+  const SampleRowState st = row;  // the previous pass's verdict, the top_k cut
+  if (pass > 0 && st.tp_phase == kTopPDone) return;
   const float* z = a.z + k * a.V;
   const float m = row_top_z(a, k);
-  const int key_bits = 32 + a.id_bits;
-  const int width = key_bits - st.tp_bits < kTopPDigitBits ? key_bits - st.tp_bits : kTopPDigitBits;
-  const int shift = key_bits - st.tp_bits - width;  // the digit's lowest bit
   unsigned long long* gmass = a.tp_mass + r * kTopPBins;
   unsigned* gcount = a.tp_count + r * kTopPBins;
   unsigned long long* cand = a.tp_cand + r * kTopPCandidates * 2;
-  const bool bins = phase != kTopPCollect;
+  if (threadIdx.x == 0)
+    g = pass == 0 ? TopPRegion{0, 0, 0, 0, kTopPStart}
+                  : TopPRegion{st.tp_rem, st.tp_prefix, st.tp_bits, st.tp_dbin, st.tp_phase};
+  __syncthreads();
+  const bool bins = g.phase != kTopPCollect;
+  const int width = top_p_width(a, g);
   if (bins) {
-    for (int b = threadIdx.x; b < kTopPBins; b += kTileThreads) {
-      sm.bins.mass[b] = 0;
-      sm.bins.count[b] = 0;
-    }
+    top_p_zero_bins(sm);
     __syncthreads();
   }
-  for (int j = threadIdx.x; j < count; j += kTileThreads) {
-    const int id = (int)i0 + j;
-    const float zi = z[id];
-    if (zi == neg_inf || !within_cut(st, zi, id)) continue;
-    const int dbin = top_p_dbin(zi, m);
-    int bin = dbin;
-    if (phase != kTopPStart) {
-      if (dbin != st.tp_dbin) continue;
-      const unsigned long long key = order_key(a, zi, id);
-      if (st.tp_bits > 0 && (key >> (key_bits - st.tp_bits)) != st.tp_prefix) continue;
-      if (phase == kTopPCollect) {
-        const unsigned at = atomicAdd(&row.tp_cand, 1u);  // < kTopPCandidates: the region's count
-        cand[2 * at] = key;
-        cand[2 * at + 1] = sample_top_p_weight(zi, m);
-        continue;
-      }
-      bin = (int)((key >> shift) & ((1u << width) - 1));
-    }
-    atomicAdd(&sm.bins.mass[bin], (unsigned long long)sample_top_p_weight(zi, m));
-    atomicAdd(&sm.bins.count[bin], 1u);
-  }
+  top_p_scan(a, st, g, z, m, i0, i1, sm, &row.tp_cand, cand);
   if (bins) {
     __syncthreads();
     for (int b = threadIdx.x; b < kTopPBins; b += kTileThreads)
@@ -429,52 +511,49 @@ __global__ void __launch_bounds__(kTileThreads) sample_top_p_pass_kernel(SampleK
   }
   if (!finished_row(a.done + k, gridDim.x, last_flag)) return;
   if (threadIdx.x == 0) a.done[k] = 0;
-  unsigned long long v[kTopPPerThread], before, total;
-  if (bins) {  // the bins in the order: pass 0's ascending, a digit's descending
-    unsigned c[kTopPPerThread];
-#pragma unroll
-    for (int i = 0; i < kTopPPerThread; ++i) {
-      const int pos = threadIdx.x * kTopPPerThread + i;
-      const int b = phase == kTopPStart ? pos : (1 << width) - 1 - pos;
-      v[i] = 0;
-      c[i] = 0;
-      if (b >= 0) {
-        v[i] = __ldcg(&gmass[b]);
-        c[i] = __ldcg(&gcount[b]);
-        gmass[b] = 0;  // zero at rest for the next pass
-        gcount[b] = 0;
+  unsigned long long v[kTopPPerThread];
+  unsigned c[kTopPPerThread];
+  if (bins) {
+    top_p_take_bins(
+        [&](int b) {
+          const unsigned long long x = __ldcg(&gmass[b]);
+          gmass[b] = 0;  // zero at rest for the next pass and call
+          return x;
+        },
+        [&](int b) {
+          const unsigned x = __ldcg(&gcount[b]);
+          gcount[b] = 0;
+          return x;
+        },
+        g.phase == kTopPStart, width, v, c);
+    top_p_pick(v, c, p.top_p, width, sm, g);
+    if (pass == 0) {  // the second grid collects (or refines) the region
+      if (threadIdx.x == 0) {
+        row.tp_rem = g.rem;
+        row.tp_dbin = g.dbin;
+        row.tp_phase = g.phase;
       }
+      return;
     }
-    __syncthreads();  // the bins' shared memory becomes the scan's
-    // pass 0 learns S from the scan's total, so its T follows it
-    unsigned long long T = st.tp_rem;
-    if (phase == kTopPStart) {
-      unsigned long long mine = 0;
-#pragma unroll
-      for (int i = 0; i < kTopPPerThread; ++i) mine += v[i];
-      unsigned long long ignored;
-      TopPScan(sm.scan).ExclusiveSum(mine, ignored, total);
+    // a region larger than the candidates: this CTA alone, a digit at a time (each
+    // narrows it; after the key's last digit it is one token)
+    for (int digits = 0; g.phase == kTopPRefine && digits <= (32 + kSampleMaxIdBits) / kTopPDigitBits; ++digits) {
+      const int w = top_p_width(a, g);
+      top_p_zero_bins(sm);
       __syncthreads();
-      T = total ? sample_top_p_target(total, p.top_p) : 0;
+      top_p_scan(a, st, g, z, m, 0, a.V, sm, nullptr, nullptr);
+      __syncthreads();
+      top_p_take_bins([&](int b) { return sm.bins.mass[b]; }, [&](int b) { return sm.bins.count[b]; }, false, w, v,
+                      c);
+      top_p_pick(v, c, p.top_p, w, sm, g);
     }
-    const int at = top_p_crossing(v, T, sm, before, total);
-    if (at >= 0) {
-      const int pos = threadIdx.x * kTopPPerThread + at;
-      row.tp_rem = T - before;
-      if (phase == kTopPStart) {
-        row.tp_dbin = pos;
-      } else {
-        row.tp_prefix = (st.tp_prefix << width) | (unsigned long long)((1 << width) - 1 - pos);
-        row.tp_bits = st.tp_bits + width;
-      }
-      row.tp_phase = c[at] <= (unsigned)kTopPCandidates ? kTopPCollect : kTopPRefine;
-    } else if (threadIdx.x == 0 && T == 0) {
-      row.tp_phase = kTopPDone;  // nothing kept: no cut
+    if (g.phase == kTopPCollect) {
+      top_p_scan(a, st, g, z, m, 0, a.V, sm, &row.tp_cand, cand);
+      __syncthreads();  // every thread's candidates are written
     }
-    return;
   }
-  // collect: the region's candidates sorted in the order, then the crossing
-  const unsigned n = __ldcg(&row.tp_cand);
+  // the region's candidates sorted in the order, then the crossing
+  const unsigned n = g.phase == kTopPCollect ? __ldcg(&row.tp_cand) : 0u;
   unsigned long long keys[kTopPPerThread];
 #pragma unroll
   for (int i = 0; i < kTopPPerThread; ++i) {
@@ -482,9 +561,10 @@ __global__ void __launch_bounds__(kTileThreads) sample_top_p_pass_kernel(SampleK
     keys[i] = pos < n ? __ldcg(&cand[2 * pos]) : 0ull;  // 0: below every token's key
     v[i] = pos < n ? __ldcg(&cand[2 * pos + 1]) : 0ull;
   }
-  TopPSort(sm.sort).SortDescending(keys, v, 0, key_bits);  // blocked: thread i holds ranks 8i..8i+7
+  TopPSort(sm.sort).SortDescending(keys, v, 0, 32 + a.id_bits);  // blocked: thread i holds ranks 8i..8i+7
   __syncthreads();  // the sort's shared memory becomes the scan's
-  const int at = top_p_crossing(v, st.tp_rem, sm, before, total);
+  unsigned long long before;
+  const int at = top_p_crossing(v, n ? g.rem : 0ull, sm, before);
   if (at >= 0) {
     const int id = (int)(a.id_mask - (unsigned)(keys[at] & a.id_mask));
     row.has_cut = 1;
@@ -558,10 +638,7 @@ void sample_kept_pairs(const SampleKargs& a, int row0, int rows, cudaStream_t st
 
 void sample_top_p_select(const SampleKargs& a, int row0, int rows, cudaStream_t stream) {
   const unsigned tiles = (unsigned)((a.V + kLseTile - 1) / kLseTile);
-  // the d-bins, then a digit of the order key per pass until a region fits the
-  // candidates, then their sort: at most one pass per digit and two more
-  const int passes = 2 + (32 + a.id_bits + kTopPDigitBits - 1) / kTopPDigitBits;
-  for (int pass = 0; pass < passes; ++pass)
+  for (int pass = 0; pass < 2; ++pass)
     launch_consumer(sample_top_p_pass_kernel, dim3(tiles, (unsigned)rows), dim3(kTileThreads), 0, stream,
                     "sample_top_p_select", a, row0, pass);
 }
