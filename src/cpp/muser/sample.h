@@ -3,16 +3,17 @@
 // top_p, min_p, in that order, each over the previous one's survivors), and
 // the exponential race that draws a token from the kept set with Philox
 // uniforms keyed by (seed, position, token id). Every sum is the canonical
-// logsumexp of muser/logsumexp.h, every exp and log the canonical one, so the
-// token and its log-probabilities depend on nothing but the row, the seed and
-// the position: not on the batch, the thread count or the backend.
+// logsumexp of muser/logsumexp.h or (top_p's mass) an integer sum, every exp
+// and log the canonical one, so the token and its log-probabilities depend on
+// nothing but the row, the seed and the position: not on the batch, the
+// thread count or the backend.
 //
 // A dropped token has z = -inf (it then adds nothing to a logsumexp). The one
 // step that needs an order (top_k, top_p: descending z, ties to the lower id)
-// is the caller's: sample_row takes a Steps policy (ops.prefix sorts, ops.pair
-// and ops.race may split their work over threads; SampleSerialSteps holds the
-// serial pair and race), so the CPU sorts with the standard library and a
-// device kernel with its own sort. Any correct sort gives the same order (the
+// is the caller's: sample_row takes a Steps policy (ops.prefix sorts, ops.pair,
+// ops.race and ops.top_p_mass may split their work over threads;
+// SampleSerialSteps holds the serial forms), so the CPU sorts with the
+// standard library and a device kernel selects or sorts its own way. Any correct sort gives the same order (the
 // order is total), and pairs and races split by tiles or ranges give the bits
 // of the serial ones (the fixed tile tree; race_beats is a total order).
 #pragma once
