@@ -40,6 +40,7 @@ class _Params(NamedTuple):
 # top_p's integer weights (at most 2^38 each, muser/sample.h) sum below 2^62 for this many tokens
 _TOP_P_MAX_VOCAB = 1 << 24
 
+
 def _f32(value: float) -> float:
     """``value`` rounded to float32 once (an overflow gives inf, as numpy's cast)."""
     try:

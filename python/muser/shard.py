@@ -594,8 +594,8 @@ def sample(head: Any, hidden: Any, p: "_sampling._Params", positions: Any, check
         # the kept set's mass: each shard's integer sum against the row's top z m, added exactly
         local = np.asarray(_core.sample_top_p_mass_rows(np.ascontiguousarray(z), np.ascontiguousarray(m, f32)))
         got = _exchange(coll, [local.view(np.int64).reshape(t, 1)], _bytes([(t, 1, np.int64)]))
-        mass = [sum(int(g[0][r, 0]) for g in got) for r in range(t)]
-        cuts = _top_p_cuts(coll, z, s, m, mass, p.top_p, count, top_k_list)
+        top_p_mass = [sum(int(g[0][r, 0]) for g in got) for r in range(t)]
+        cuts = _top_p_cuts(coll, z, s, m, top_p_mass, p.top_p, count, top_k_list)
         for r in range(t):
             cut_at = cuts[r]
             if cut_at is not None:

@@ -197,7 +197,8 @@ struct SampleKargs {
 };
 void sample_prep(const SampleKargs& a, cudaStream_t stream);
 // Rows [row0, row0 + rows) (a group of at most kSampleOrderRows): their keys,
-// one sort, top_k's threshold (top_k alone where topk_threshold does not take it). sort_scratch: sample_order_scratch_bytes.
+// one sort, top_k's threshold (where topk_threshold does not take the k).
+// sort_scratch: sample_order_scratch_bytes.
 constexpr int kSampleOrderRows = 16;
 inline int sample_order_bits(int id_bits, int rows) {
   int row_bits = 0;
@@ -216,14 +217,14 @@ void sample_top_k_by_select(const SampleKargs& a, int k, int row0, int rows, voi
 // sample_kept over rows [row0, row0 + rows): the kept set's pairs (min_p applied)
 // and the draw itself
 void sample_kept_pairs(const SampleKargs& a, int row0, int rows, cudaStream_t stream);
-// top_p's cut for rows [row0, row0 + rows) (after top_k's, if any): a radix
-// select by fixed-point mass (muser/sample.h's sample_top_p_target), no sort,
-// in two grids over the rows' tiles.
 // the most id bits the kept-set order's keys hold (32 bits of z beside them, and the
 // sort's row bits)
 constexpr int kSampleMaxIdBits = 28;
 constexpr int kTopPBins = 2048;
 constexpr int kTopPCandidates = 2048;
+// top_p's cut for rows [row0, row0 + rows) (after top_k's, if any): a radix
+// select by fixed-point mass (muser/sample.h's sample_top_p_target), no sort,
+// in two grids over the rows' tiles.
 void sample_top_p_select(const SampleKargs& a, int row0, int rows, cudaStream_t stream);
 // bytes of top_p's scratch for `rows` rows (tp_mass | tp_count | tp_cand), zero at rest
 constexpr size_t sample_top_p_scratch_bytes(int rows) {

@@ -354,7 +354,7 @@ struct TopPRegion {
   int bits, dbin, phase;
 };
 
-// The digit a Refine step bins: its width and lowest bit.
+// The width of the digit a Refine step bins (the key's next bits, 11 or what is left).
 __device__ __forceinline__ int top_p_width(const SampleKargs& a, const TopPRegion& g) {
   const int left = 32 + a.id_bits - g.bits;
   return left < kTopPDigitBits ? left : kTopPDigitBits;

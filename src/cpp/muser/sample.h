@@ -13,9 +13,10 @@
 // is the caller's: sample_row takes a Steps policy (ops.prefix sorts, ops.pair,
 // ops.race and ops.top_p_mass may split their work over threads;
 // SampleSerialSteps holds the serial forms), so the CPU sorts with the
-// standard library and a device kernel selects or sorts its own way. Any correct sort gives the same order (the
-// order is total), and pairs and races split by tiles or ranges give the bits
-// of the serial ones (the fixed tile tree; race_beats is a total order).
+// standard library and a device kernel selects or sorts its own way. Any
+// correct sort gives the same order (the order is total), and pairs and races
+// split by tiles or ranges give the bits of the serial ones (the fixed tile
+// tree; race_beats is a total order).
 #pragma once
 #include "logsumexp.h"
 #include "philox.h"
