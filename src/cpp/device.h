@@ -224,10 +224,10 @@ class Device {
 
 // The most scratch memory a device's score() takes for logits at once: its
 // tokens run in groups whose [group, V] logits fit this many bytes (at least
-// one row). 64 MiB holds 64 rows of a 262,144-token vocabulary: the largest
-// token tile of the CUDA matvecs, so groups read the weight no more often
-// than the plain call.
-constexpr size_t kVocabScratchBytes = size_t{64} << 20;
+// one row). 128 MiB holds 128 rows of a 262,144-token vocabulary: the largest
+// token launch of the CUDA matvecs (the q8 wgmma kernel's), so groups read the
+// weight no more often than the plain call.
+constexpr size_t kVocabScratchBytes = size_t{128} << 20;
 
 // Ranks t rows of host logits [t x V]: the k best of each, best first, ties to
 // the lower id, NaN after every number (the order every backend's top-k keeps).

@@ -658,7 +658,7 @@ class CudaDevice final : public Device {
       if (st.first < mv) enqueue(st, x, normed, nullptr, t);
     const NodeKind kind = nodes_[mv].kind;
     const Step& mstep = step_of(mv);
-    Q8Args q = q8_args(t, nullptr);
+    Q8Call q = q8_args(t, nullptr);
     if (is_q8(kind)) quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
     const auto* w = static_cast<const uint8_t*>(weight_->ptr);
     const VocabScoresLayout at = vocab_scores_layout(t, m);
@@ -670,7 +670,7 @@ class CudaDevice final : public Device {
     const EpilogueFold fold = folded_epilogue();
     for (int k0 = 0; k0 < t; k0 += group) {
       const int g = std::min(group, t - k0);
-      Q8Args qg = is_q8(kind) ? q8_tokens(q, k0, g) : q;
+      Q8Call qg = is_q8(kind) ? q8_tokens(q, k0, g) : q;
       qg.fold = q8_fold(mstep, g);
       enqueue_matvec_rows(kind, w, V, normed + (int64_t)k0 * H, qg, g, y, V);
       if (fold.op == EpilogueOp::None)  // the element-wise nodes the matvec did not apply
@@ -1208,7 +1208,7 @@ class CudaDevice final : public Device {
       case NodeKind::MatvecQ8Reference: {
         // quantized once per call, read by every row (booked under the node, as ggml's mul_mat and the CPU do);
         // the reference kind runs the q8 definition too: this kernel is bit-equal to the CPU's scalar one
-        Q8Args q = q8_args(t, logits);
+        Q8Call q = q8_args(t, logits);
         q.fold = q8_fold(st, t);
         quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
         matvec_q8(q, stream_);
@@ -1236,7 +1236,7 @@ class CudaDevice final : public Device {
   // The matvec node for rows [r0, r0 + rows) of the weight at w (the device
   // layout; r0 a multiple of kTileRows) into y [t x ldy]; q: the call's quantized
   // activations (acts="q8"), x the normed ones.
-  void enqueue_matvec_rows(NodeKind kind, const uint8_t* w, int64_t rows, const float* x, const Q8Args& q, int t,
+  void enqueue_matvec_rows(NodeKind kind, const uint8_t* w, int64_t rows, const float* x, const Q8Call& q, int t,
                            float* y, int64_t ldy) {
     auto place = [&](WeightArgs& a) {
       a.w = w;
@@ -1245,7 +1245,7 @@ class CudaDevice final : public Device {
       a.ldy = ldy;
     };
     if (kind == NodeKind::MatvecQ8 || kind == NodeKind::MatvecQ8Reference) {
-      Q8Args a = q;
+      Q8Call a = q;
       place(a);
       matvec_q8(a, stream_);
     } else {
@@ -1406,8 +1406,8 @@ class CudaDevice final : public Device {
     return a;
   }
 
-  Q8Args q8_args(int t, float* y) const {
-    Q8Args a;
+  Q8Call q8_args(int t, float* y) const {
+    Q8Call a;
     set_weight_args(a, t, y);
     return a;
   }

@@ -83,6 +83,15 @@ struct Q8Args : WeightArgs, Q8ActsKargs {
   const uint8_t* meta_f16 = nullptr;  // Q4_K/Q5_K: the same sums as f16 halves, [t x meta_per_token] x 48 bytes
   EpilogueFold fold;              // the element-wise node fused into the matvec, applied as each logit is stored
 };
+// A q8 matvec call: the kernels' arguments and, where the wgmma kernel takes the
+// call (Q4_K/Q5_K batches on sm_90), the same activations in its layout. Apart
+// from Q8Args so that the other kernels' parameters stay as they were (one more
+// field made the streamed kernel spill).
+struct Q8Call : Q8Args {
+  const uint8_t* wg = nullptr;  // the wgmma layout (matvec_q8_wgmma_sm90a.cu), or null
+  int32_t wg_tokens = 0;        // tokens it holds (zeros past the call's t)
+  int32_t wg_k0 = 0;            // its token of this call's token 0
+};
 // The q8 kernels apply a fused node (Q8Args::fold) for at most this many tokens
 // per launch; their larger token tiles run at the register limit (the node's code
 // made them spill), so there the node runs as its own kernel.
@@ -91,12 +100,12 @@ constexpr int kQ8FoldMaxTokens = 16;
 size_t acts_q8_scratch_bytes(uint32_t type, int64_t K, int t);
 // Quantizes x [t x ldx] (K columns) into scratch as the CPU's q8 mode does for
 // the weight type and points a's xq/meta/t at it.
-void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int t, void* scratch, Q8Args* a,
+void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int t, void* scratch, Q8Call* a,
                       cudaStream_t stream);
 // y = W x with a's quantized activations (t <= 64 per launch; larger t in tiles).
-void matvec_q8(const Q8Args& a, cudaStream_t stream);
+void matvec_q8(const Q8Call& a, cudaStream_t stream);
 // Tokens [k0, k0 + count) of a's activations, written from row k0 of a.y.
-Q8Args q8_tokens(const Q8Args& a, int k0, int count);
+Q8Call q8_tokens(const Q8Call& a, int k0, int count);
 
 // ---- topk.cu: the k best logits of each row (ties: lowest id; NaN never beats a number) ----
 // scratch must hold topk_scratch_bytes(V, t, k) bytes; ids/vals are device [t x k].

@@ -156,10 +156,13 @@ size_t acts_q8_scratch_bytes(uint32_t type, int64_t K, int t) {
   const int64_t pitch = q8_pitch(K);
   const size_t quants = ((size_t)t * (size_t)pitch + 15) / 16 * 16;
   const size_t records = (size_t)t * (size_t)(pitch / q8_meta_cols(kind));
-  return quants + records * (size_t)q8_rec_bytes(kind) + (kind == Q8Kind::Sum32 ? records * kQ8F16RecSrcBytes : 0);
+  const size_t f16_records = kind == Q8Kind::Sum32 ? records * kQ8F16RecSrcBytes : 0;
+  // the wgmma kernel's layout after the records, 128-byte aligned
+  const size_t wg = kind == Q8Kind::Sum32 && t >= q8_wgmma_min_tokens() ? q8_wgmma_acts_bytes(K, t) + 128 : 0;
+  return quants + records * (size_t)q8_rec_bytes(kind) + f16_records + wg;
 }
 
-void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int t, void* scratch, Q8Args* a,
+void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int t, void* scratch, Q8Call* a,
                       cudaStream_t stream) {
   if (!q8_supported(type)) throw DeviceError("quantize_acts_q8: no q8 kernel for this weight type");
   const Q8Kind kind = q8_kind(type);
@@ -194,6 +197,15 @@ void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int
   a->meta_f16 = meta_f16;
   a->meta_per_token = per_token;
   a->t = t;
+  a->wg = nullptr;
+  if (kind == Q8Kind::Sum32 && q8_wgmma_ready(type, t)) {
+    const uintptr_t end = reinterpret_cast<uintptr_t>(meta_f16 + (size_t)t * (size_t)per_token * kQ8F16RecSrcBytes);
+    auto* wg = reinterpret_cast<uint8_t*>((end + 127) / 128 * 128);
+    q8_wgmma_relayout(*a, K, wg, stream);
+    a->wg = wg;
+    a->wg_tokens = q8_wgmma_layout_tokens(t);
+    a->wg_k0 = 0;
+  }
 }
 
 Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_bytes, int x_tokens, size_t budget) {
@@ -258,20 +270,26 @@ int q8_token_tile(uint32_t type) {
   return type == (uint32_t)GgmlType::Q6_K ? 64 : 32;
 }
 
-Q8Args q8_tokens(const Q8Args& a, int k0, int count) {
-  Q8Args s = a;
+Q8Call q8_tokens(const Q8Call& a, int k0, int count) {
+  Q8Call s = a;
   s.t = count;
   s.xq = a.xq + k0 * a.xq_pitch;
   s.meta = a.meta + k0 * a.meta_per_token * q8_rec_bytes(q8_kind(a.type));
   if (a.meta_f16) s.meta_f16 = a.meta_f16 + k0 * a.meta_per_token * kQ8F16RecSrcBytes;
+  s.wg_k0 = a.wg_k0 + k0;
+  if (k0 % 8) s.wg = nullptr;  // the wgmma layout's token groups are 8 tokens
   s.y = a.y + k0 * a.ldy;
   return s;
 }
 
-void matvec_q8(const Q8Args& a, cudaStream_t stream) {
+void matvec_q8(const Q8Call& a, cudaStream_t stream) {
+  if (a.wg && a.t >= q8_wgmma_min_tokens()) {  // laid out by quantize_acts_q8 where the device takes the kernel
+    matvec_q8_wgmma(a, stream);
+    return;
+  }
   const int kTokenTile = q8_token_tile(a.type);  // t <= kTokenTile reads the weight once, larger t once per tile
   for (int k0 = 0; k0 < a.t; k0 += kTokenTile) {
-    const Q8Args tile = q8_tokens(a, k0, std::min(kTokenTile, a.t - k0));
+    const Q8Call tile = q8_tokens(a, k0, std::min(kTokenTile, a.t - k0));
     switch (a.type) {
       case (uint32_t)GgmlType::Q5_K: matvec_q8_q5_k(tile, stream); break;
       case (uint32_t)GgmlType::Q4_K: matvec_q8_q4_k(tile, stream); break;

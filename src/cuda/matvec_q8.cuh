@@ -43,6 +43,8 @@
 // Q4_K/Q5_K/Q8_0 units go through shared memory instead (matvec_q8_staged_kernel),
 // and for t <= 32 too, with 2 or 4 token tiles per warp (launches of 32 tokens;
 // matvec_q8_stream_kernel where those tokens' activations do not fit whole).
+// Q4_K/Q5_K batches of 65 tokens and more on an sm_90 device take the wgmma
+// kernel instead (matvec_q8_wgmma_sm90a.cu: the same integers and chain).
 #pragma once
 #include "epilogue.cuh"
 #include "kernels.h"
@@ -198,6 +200,24 @@ struct KScales {
   }
 };
 
+// The f16 A fragment of the mins' mma for lane quad q (rows G, G + 8 of ks[0], ks[1]):
+// {m_2q, m_2q+1 of row G, the same of row G + 8, 256 x them}, k = 2q, 2q + 1 and
+// 8 + 2q, 8 + 2q + 1 -- the B side holds a token's sub-block sums as lo_0..7 | hi_0..7.
+// Every value is an integer below 2^14, so exact in f16.
+__device__ __forceinline__ void kquant_mins_f16_frag(const KScales (&ks)[2], int q, uint32_t (&am)[4]) {
+  const uint32_t sel = (q & 1) ? 0x4342u : 0x4140u;  // bytes 2q, 2q + 1 of the word into halves 0x64..
+  const __half2 k1024 = __float2half2_rn(1024.0f), k256 = __float2half2_rn(256.0f);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t w = (q >> 1) ? ks[r].m[1] : ks[r].m[0];
+    const uint32_t biased = __byte_perm(w, 0x64u, sel);  // halves 1024 + m (exact: m < 64)
+    const __half2 m = __hsub2(*reinterpret_cast<const __half2*>(&biased), k1024);
+    const __half2 m256 = __hmul2(m, k256);
+    am[r] = *reinterpret_cast<const uint32_t*>(&m);
+    am[2 + r] = *reinterpret_cast<const uint32_t*>(&m256);
+  }
+}
+
 // The float chain of one block for the (row, token) pairs of each tile a lane
 // keeps (kJ of its tokens 2q, 2q + 1), with the mins' sums msum from one of two
 // sources (Q8Staging):
@@ -210,19 +230,7 @@ __device__ __forceinline__ void kquant45_float_step(const KScales (&ks)[2], cons
                                                     float (&acc_q)[NT][4], float (&acc_m)[NT][4]) {
   static_assert(!kF16 || kJ == 2, "the f16 mins fill the whole C fragment");
   uint32_t am[4];
-  if constexpr (kF16) {
-    const uint32_t sel = (sm.q & 1) ? 0x4342u : 0x4140u;  // bytes 2q, 2q + 1 of the word into halves 0x64..
-    const __half2 k1024 = __float2half2_rn(1024.0f), k256 = __float2half2_rn(256.0f);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint32_t w = (sm.q >> 1) ? ks[r].m[1] : ks[r].m[0];
-      const uint32_t biased = __byte_perm(w, 0x64u, sel);  // halves 1024 + m (exact: m < 64)
-      const __half2 m = __hsub2(*reinterpret_cast<const __half2*>(&biased), k1024);
-      const __half2 m256 = __hmul2(m, k256);
-      am[r] = *reinterpret_cast<const uint32_t*>(&m);
-      am[2 + r] = *reinterpret_cast<const uint32_t*>(&m256);
-    }
-  }
+  if constexpr (kF16) kquant_mins_f16_frag(ks, sm.q, am);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     float msum_f[4];
@@ -1108,6 +1116,26 @@ bool launch_matvec_q8_stream(const Q8Args& a, cudaStream_t stream) {
                     L::kThreads, smem, a.rows, L::kWarps * kQ8RowsPerWarp, stream, "matvec_q8_stream");
   return true;
 }
+
+// Batches of Q4_K/Q5_K on Hopper (matvec_q8_wgmma_sm90a.cu): from kQ8WgmmaMinTokens
+// tokens on, launches of up to kQ8WgmmaChunk tokens whose integer sums run on wgmma.
+// 65: at 64 tokens of the seed head it ties the streamed kernel's two launches (753
+// against 755 us), at 48 it loses (738 against 624), at 96 it wins (1,036 against 1,122;
+// docs/performance.md).
+constexpr int kQ8WgmmaMinTokens = 65;
+constexpr int kQ8WgmmaChunk = 128;
+// the threshold in force (MUSER_Q8_WGMMA=0 turns the kernel off, =<t> moves it, for measuring)
+int q8_wgmma_min_tokens();
+// whether t tokens of a `type` weight go to the wgmma kernel on the current device
+bool q8_wgmma_ready(uint32_t type, int t);
+// tokens of its activation layout for a call of t tokens (any slice of 8-token groups
+// may be launched: zeros follow t) and the layout's bytes for K columns
+int q8_wgmma_layout_tokens(int t);
+size_t q8_wgmma_acts_bytes(int64_t K, int t);
+// writes a's quantized activations into dst in that layout (after the quantizer, on its stream)
+void q8_wgmma_relayout(const Q8Args& a, int64_t K, uint8_t* dst, cudaStream_t stream);
+// y = W x for a.wg's activations, in launches of kQ8WgmmaChunk tokens
+void matvec_q8_wgmma(const Q8Call& a, cudaStream_t stream);
 
 // Tokens per matvec_q8 launch for a weight type: 32 for Q4_K, Q5_K and Q8_0 (the
 // staged and streamed batch kernels), 64 for Q6_K (only the register kernel);

@@ -1,0 +1,566 @@
+// acts="q8" batches of Q4_K/Q5_K on Hopper: the integer sums on wgmma, compiled
+// for sm_90a alone (its own target, src/cuda/CMakeLists.txt) and launched only on
+// a 9.0 device (q8_wgmma_ready). The same integers and the same float chain as
+// every other q8 kernel (docs/numerics.md, "CUDA q8"), so the logits are the
+// CPU's q8 logits bit for bit at every t.
+//
+// Why a kernel of its own. The mma.sync kernels decode each weight block in
+// every warp for the 32 tokens it holds and multiply every sub-block's sum by
+// its 6-bit scale on the ALU (isum += sc * C: 8 IMADs per (row, token, block)),
+// which bounds them at ~8 x the int8 tensor-core time from t = 32 on
+// (docs/performance.md). Here a CTA of two warpgroups owns 128 rows (64 each)
+// and up to 128 tokens; per 256-column block:
+//   - one thread copies the 128 rows' block (8 row tiles, contiguous in the
+//     device layout) and the tokens' block of activations with bulk copies
+//     (cp.async.bulk, an mbarrier per stage, as many stages as fit);
+//   - each warpgroup decodes its 64 rows once into two u8 planes in shared
+//     memory, q * (sc >> 3) and q * (sc & 7) (each at most 31 * 7 = 217), so
+//     isum = 8 * (hi plane . x) + (lo plane . x) is a whole block's dot product
+//     on the tensor cores: 8 wgmma of each plane (two accumulators up to 64
+//     tokens; at 128 one, x 8 between the planes);
+//   - the mins' sums msum = sum_j m_j * bsum_j are one f16 wgmma, A = the
+//     mins and 256 x them from registers, B = each token's sub-block sums as
+//     lo + 256 * hi halves (every product and partial sum an integer below
+//     2^24, so f32 holds msum exactly, as kquant45_float_step's mma does);
+//   - the lane holding a (row, token) pair steps the CPU's chain
+//     (q8_block_step, q8_block_step_exact) over the row's blocks in order.
+// What bounds it (two warps a scheduler at 255 registers, the decode and the
+// chains' instruction latency, not the tensor cores): docs/performance.md.
+//
+// Activations. quantize_acts_q8 also writes every token's quants, mins halves
+// and scales in the layout the wgmma operands read (q8_wgmma_relayout_kernel),
+// per 256-column block b, for the layout's T tokens (zeros past t):
+//   quants [b][T/8 token groups][16 k-chunks][8 tokens x 16 bytes]
+//   mins   [b][T/8][2 k-chunks: lo_0..7, hi_0..7][8 tokens x 8 halves]
+//   dx     [b][T]
+// so any launch's tokens (a run of 8-token groups) are three contiguous bulk
+// copies a block, and a slice of the call (score's groups) reads its own run.
+// Weights. The shared-memory operands are K-major without swizzle: core
+// matrices of 8 rows x 16 bytes (128 contiguous bytes); the leading byte
+// offset steps along K, the stride byte offset along rows (tokens).
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <type_traits>
+
+#include "cuda_check.h"
+#include "matvec_q8.cuh"
+#include "pdl.cuh"
+#include "quant_types.h"
+
+namespace muser::cuda {
+
+namespace {
+
+constexpr int kWgRows = 64;                  // rows of one warpgroup (wgmma M)
+constexpr int kWgCtaRows = 2 * kWgRows;      // two warpgroups a CTA
+constexpr int kWgThreads = 2 * 128;
+constexpr int kWgTokBytes = kQK_K + 32 + 4;  // a token's block: quants, mins halves, dx
+constexpr int kWgPlaneBytes = kWgRows * kQK_K;
+
+// Tokens a launch of `count` computes (wgmma N): 32, 64 or 128.
+MUSER_HD constexpr int wg_tokens(int count) { return count <= 32 ? 32 : count <= 64 ? 64 : 128; }
+
+template <bool kHigh, int N>
+struct WgLayout {
+  static constexpr int kBlockBytes = Q8DecKQuant<kHigh>::kBlockBytes;
+  static constexpr int kRaw = kWgCtaRows * kBlockBytes;  // the CTA's rows' block: 8 row tiles
+  static constexpr int kActs = N * kWgTokBytes;          // the tokens' block: quants, mins, dx
+  static constexpr int kMins = N * kQK_K, kDx = N * (kQK_K + 32);  // offsets in kActs
+  static constexpr int kStage = kRaw + kActs;
+  static constexpr int kPlanes = 2 * 2 * kWgPlaneBytes;  // [warpgroup][hi, lo]
+  // as many stages as the H100/H200's 227 KB a CTA hold (2 at 128 tokens, 4 at 64, 5 at 32)
+  static constexpr int kStages = (232448 - kPlanes - 256) / kStage < 6 ? (232448 - kPlanes - 256) / kStage : 6;
+  static constexpr int kBars = kPlanes + kStages * kStage;
+  static constexpr size_t kSmem = (size_t)kBars + kStages * 8 + kStages * 4;
+  static_assert(kStages >= 2, "two stages at least");
+  static_assert(kRaw % 16 == 0 && kActs % 16 == 0 && kBars % 8 == 0, "bulk copies move 16-byte pieces");
+};
+
+// ---------------------------------------------------------------- PTX
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+}
+// bytes (a multiple of 16) from global src to shared dst, counted on bar
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+// this warpgroup's 128 threads (named barriers 1 and 2; 0 is __syncthreads)
+__device__ __forceinline__ void warpgroup_sync(int g) { asm volatile("bar.sync %0, 128;" ::"r"(1 + g) : "memory"); }
+// generic-proxy writes to shared memory (the planes) before the tensor cores read them
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// pins a register array around the asynchronous wgmma: no read moves above the wait,
+// no write below the issue
+template <class T, int R>
+__device__ __forceinline__ void fence_operands(T (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    if constexpr (sizeof(T) == 4 && std::is_same_v<T, float>) asm volatile("" : "+f"(d[i])::"memory");
+    else asm volatile("" : "+r"(d[i])::"memory");
+  }
+}
+
+// A shared-memory operand: K-major, no swizzle (core matrices of 8 x 16 bytes);
+// lbo: bytes between core matrices along K, sbo: along rows
+__device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((smem_addr(p) & 0x3FFFFu) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+
+template <int N>
+struct Wgmma;
+template <>
+struct Wgmma<32> {
+  // d (+)= A(64x32 u8, shared) B(32x32 s8, shared); accumulate unless first
+  static __device__ __forceinline__ void u8s8(int (&d)[16], uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.s32.u8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+        : "l"(da), "l"(db), "r"(accumulate));
+  }
+  // d = A(64x32 u8, shared) B(32x32 s8, shared): the first of a sum (d is not read)
+  static __device__ __forceinline__ void u8s8_first(int (&d)[16], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.s32.u8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p;\n}\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15])
+        : "l"(da), "l"(db), "r"(0));
+  }
+  // d = A(64x16 f16, registers) B(16x32 f16, shared)
+  static __device__ __forceinline__ void f16(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(0));
+  }
+};
+
+template <>
+struct Wgmma<64> {
+  // d (+)= A(64x32 u8, shared) B(32x64 s8, shared); accumulate unless first
+  static __device__ __forceinline__ void u8s8(int (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate));
+  }
+  // d = A(64x32 u8, shared) B(32x64 s8, shared): the first of a sum (d is not read)
+  static __device__ __forceinline__ void u8s8_first(int (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p;\n}\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]), "=r"(d[31])
+        : "l"(da), "l"(db), "r"(0));
+  }
+  // d = A(64x16 f16, registers) B(16x64 f16, shared)
+  static __device__ __forceinline__ void f16(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(0));
+  }
+};
+
+template <>
+struct Wgmma<128> {
+  // d (+)= A(64x32 u8, shared) B(32x128 s8, shared); accumulate unless first
+  static __device__ __forceinline__ void u8s8(int (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "l"(da), "l"(db), "r"(accumulate));
+  }
+  // d = A(64x32 u8, shared) B(32x128 s8, shared): the first of a sum (d is not read)
+  static __device__ __forceinline__ void u8s8_first(int (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p;\n}\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]), "=r"(d[31]), "=r"(d[32]), "=r"(d[33]), "=r"(d[34]), "=r"(d[35]), "=r"(d[36]), "=r"(d[37]), "=r"(d[38]), "=r"(d[39]), "=r"(d[40]), "=r"(d[41]), "=r"(d[42]), "=r"(d[43]), "=r"(d[44]), "=r"(d[45]), "=r"(d[46]), "=r"(d[47]), "=r"(d[48]), "=r"(d[49]), "=r"(d[50]), "=r"(d[51]), "=r"(d[52]), "=r"(d[53]), "=r"(d[54]), "=r"(d[55]), "=r"(d[56]), "=r"(d[57]), "=r"(d[58]), "=r"(d[59]), "=r"(d[60]), "=r"(d[61]), "=r"(d[62]), "=r"(d[63])
+        : "l"(da), "l"(db), "r"(0));
+  }
+  // d = A(64x16 f16, registers) B(16x128 f16, shared)
+  static __device__ __forceinline__ void f16(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(0));
+  }
+};
+
+// ---------------------------------------------------------------- the kernel
+
+// Decodes 8 quants of every sub-block of one row into the two planes: row r of
+// the warpgroup's 64, positions 8u..8u+7 of each sub-block (the lane words
+// 8u..8u+7 of qs' and bytes 8u..8u+7 of qh', device_layout.h). Plane offset of
+// (row r, column k): (k / 16) * 1024 + (r / 8) * 128 + (r % 8) * 16 + k % 16.
+template <bool kHigh>
+__device__ __forceinline__ void wg_decode(const uint8_t* row, uint8_t* planes, int r, int u) {
+  using Dec = Q8DecKQuant<kHigh>;
+  const KScales ks(*reinterpret_cast<const uint4*>(row));
+  const uint4 qa = *reinterpret_cast<const uint4*>(row + Dec::kQsOffset + 32 * u);
+  const uint4 qb = *reinterpret_cast<const uint4*>(row + Dec::kQsOffset + 32 * u + 16);
+  uint32_t T[4], U[4];  // T[c]: positions 8u..8u+3, nibble pair c (sub-blocks 2c, 2c + 1); U: 8u+4..8u+7
+  transpose_bytes(qa, T);
+  transpose_bytes(qb, U);
+  uint2 qh = make_uint2(0, 0);
+  if constexpr (kHigh) qh = *reinterpret_cast<const uint2*>(row + kQ5KHighBitsOffset + 8 * u);
+  uint8_t* dst = planes + (u >> 1) * 1024 + (r >> 3) * 128 + (r & 7) * 16 + 8 * (u & 1);
+  // the scales' bytes split as sc = 8 * hi + lo, four sub-blocks a word
+  const uint32_t sc_hi[2] = {(ks.sc[0] >> 3) & 0x07070707u, (ks.sc[1] >> 3) & 0x07070707u};
+  const uint32_t sc_lo[2] = {ks.sc[0] & 0x07070707u, ks.sc[1] & 0x07070707u};
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    uint32_t w[2][2];  // [sub-block 2c + h][positions 8u.., 8u+4..]
+    if constexpr (kHigh) {
+      const uint32_t x = (qh.x >> c) & 0x11111111u, xu = (qh.y >> c) & 0x11111111u;
+      w[0][0] = merge_nibbles(T[c], x << 4);
+      w[0][1] = merge_nibbles(U[c], xu << 4);
+      w[1][0] = merge_nibbles(T[c] >> 4, x);
+      w[1][1] = merge_nibbles(U[c] >> 4, xu);
+    } else {
+      w[0][0] = T[c] & 0x0f0f0f0fu;
+      w[0][1] = U[c] & 0x0f0f0f0fu;
+      w[1][0] = (T[c] >> 4) & 0x0f0f0f0fu;
+      w[1][1] = (U[c] >> 4) & 0x0f0f0f0fu;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = 2 * c + h;
+      const uint32_t hi = (uint32_t)byte_u(sc_hi[j >> 2], j & 3), lo = (uint32_t)byte_u(sc_lo[j >> 2], j & 3);
+      // bytes q * hi and q * lo: at most 31 * 7 = 217, so no product carries into its neighbour
+      *reinterpret_cast<uint2*>(dst + 2 * j * 1024) = make_uint2(w[h][0] * hi, w[h][1] * hi);
+      *reinterpret_cast<uint2*>(dst + kWgPlaneBytes + 2 * j * 1024) = make_uint2(w[h][0] * lo, w[h][1] * lo);
+    }
+  }
+}
+
+// A (group, block) step of a CTA's walk: its groups blockIdx.x, + gridDim.x, ...
+// (n counts them), each the row's blocks in order.
+struct WgStep {
+  int n = 0, b = 0;
+  __device__ __forceinline__ WgStep after(int k, int blocks) const {
+    WgStep r{n, b + k};
+    while (r.b >= blocks) r.b -= blocks, ++r.n;
+    return r;
+  }
+};
+
+template <bool kHigh, int N>
+__global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a) {
+  using L = WgLayout<kHigh, N>;
+  constexpr int S = L::kStages;
+  constexpr int R = N / 2;  // accumulators a thread: rows G, G + 8 x tokens 8j + 2q, + 1
+  // up to 64 tokens the hi and lo planes accumulate apart and every wgmma of a step is
+  // one group (one wait); at 128 the registers hold one accumulator, x 8 between the planes
+  constexpr bool kSplit = N <= 64;
+  extern __shared__ __align__(128) uint8_t smem_wg[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_wg + L::kBars);
+  int* released = reinterpret_cast<int*>(smem_wg + L::kBars + 8 * S);
+  // g from lane 0, so that the compiler knows it is the same in the whole warp (the
+  // descriptors derived from it then live in uniform registers)
+  const int tid = threadIdx.x, g = __shfl_sync(0xffffffffu, tid >> 7, 0), wt = tid & 127, warp = wt >> 5,
+            lane = tid & 31, G = lane >> 2, q = lane & 3;
+  const int blocks = (int)(a.cols / kQK_K);
+  const int64_t groups = (a.rows + kWgCtaRows - 1) / kWgCtaRows;
+  const int my_groups = (int)((groups - blockIdx.x + gridDim.x - 1) / gridDim.x);  // >= 1: grid <= groups
+  const int64_t last_tile = (a.rows + kTileRows - 1) / kTileRows - 1;
+  const int64_t T = a.wg_tokens;
+  const uint8_t* const mins = a.wg + blocks * T * kQK_K;
+  const uint8_t* const dxs = mins + blocks * T * 32;
+
+  // row tile i's block of step w (tiles past the last re-read it: their rows are never stored)
+  auto weight_src = [&](WgStep w, int i) {
+    const int64_t tile0 = (blockIdx.x + (int64_t)w.n * gridDim.x) * (kWgCtaRows / kTileRows);
+    const int64_t tile = tile0 + i < last_tile ? tile0 + i : last_tile;
+    return a.w + tile * kTileRows * a.row_bytes + (int64_t)w.b * kTileRows * L::kBlockBytes;
+  };
+  // one thread fills stage s with step w: the weight (it depends on no earlier kernel)
+  // before pdl_wait, the activations after
+  auto issue_weight = [&](WgStep w, int s) {
+    if (w.n >= my_groups) return;
+    uint8_t* st = smem_wg + L::kPlanes + s * L::kStage;
+    mbar_expect_tx(&full[s], L::kStage);
+#pragma unroll 1
+    for (int i = 0; i < kWgCtaRows / kTileRows; ++i)
+      bulk_copy(st + i * kTileRows * L::kBlockBytes, weight_src(w, i), kTileRows * L::kBlockBytes, &full[s]);
+  };
+  auto issue_acts = [&](WgStep w, int s) {
+    if (w.n >= my_groups) return;
+    uint8_t* st = smem_wg + L::kPlanes + s * L::kStage + L::kRaw;
+    const int64_t at = (int64_t)w.b * T + a.wg_k0;
+    bulk_copy(st, a.wg + at * kQK_K, N * kQK_K, &full[s]);
+    bulk_copy(st + L::kMins, mins + at * 32, N * 32, &full[s]);
+    bulk_copy(st + L::kDx, dxs + at * 4, N * 4, &full[s]);
+  };
+
+  if (tid == 0) {
+#pragma unroll
+    for (int k = 0; k < S; ++k) {
+      mbar_init(&full[k], 1);
+      released[k] = 0;
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  pdl_launch_dependents();
+  if (tid == 0) {
+    for (int k = 0; k < S; ++k) issue_weight(WgStep{}.after(k, blocks), k);
+  }
+  pdl_wait();  // the activations are the previous kernel's output
+  if (tid == 0)
+    for (int k = 0; k < S; ++k) issue_acts(WgStep{}.after(k, blocks), k);
+
+  uint8_t* const planes = smem_wg + g * 2 * kWgPlaneBytes;
+  // descriptors step by their 16-byte address units: k-step j of a plane is 2,048 bytes on,
+  // of the activations 256; the lo plane kWgPlaneBytes after the hi one
+  const uint64_t da = smem_desc(planes, 1024, 128);
+  constexpr uint64_t kLoPlane = kWgPlaneBytes >> 4;
+  const int hrow = g * kWgRows + warp * 16 + G;  // the CTA row of this thread's first accumulators
+  int s = 0;
+  uint32_t phase = 0;
+#pragma unroll 1
+  for (int n = 0; n < my_groups; ++n) {
+    float sum_q[R], sum_m[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) sum_q[i] = sum_m[i] = 0.0f;
+#pragma unroll 1
+    for (int b = 0; b < blocks; ++b) {
+      const uint8_t* st = smem_wg + L::kPlanes + s * L::kStage;
+      const uint8_t* xs = st + L::kRaw;
+      mbar_wait(&full[s], phase);
+      // the planes are free: this warp waited for the previous step's last wgmma that
+      // read them, one operation of the whole warpgroup, so it has completed for all four
+      const uint8_t* raw = st + g * kWgRows * L::kBlockBytes;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int item = wt + 128 * k, r = item >> 2, u = item & 3;
+        wg_decode<kHigh>(raw + r * L::kBlockBytes, planes, r, u);
+      }
+      const KScales ks[2] = {KScales(*reinterpret_cast<const uint4*>(st + hrow * L::kBlockBytes)),
+                             KScales(*reinterpret_cast<const uint4*>(st + (hrow + 8) * L::kBlockBytes))};
+      uint32_t am[4];  // the mins' A fragment (exact: kquant_mins_f16_frag)
+      kquant_mins_f16_frag(ks, q, am);
+      fence_proxy_async();
+      warpgroup_sync(g);
+
+      // isum = 8 * (hi plane . x) + (lo plane . x), exact in int32; msum in f32, exactly
+      const uint64_t bx = smem_desc(xs, 128, 2048), bm = smem_desc(xs + L::kMins, 128, 256);
+      int acc[R], acc_lo[kSplit ? R : 1];
+      float msum[R];
+      wgmma_fence();
+      if constexpr (kSplit) {
+        // two accumulators in turn: independent chains in the tensor pipe
+        Wgmma<N>::u8s8_first(acc, da, bx);
+        Wgmma<N>::u8s8_first(acc_lo, da + kLoPlane, bx);
+#pragma unroll
+        for (int j = 1; j < 8; ++j) {
+          Wgmma<N>::u8s8(acc, da + 128 * j, bx + 16 * j, 1);
+          Wgmma<N>::u8s8(acc_lo, da + kLoPlane + 128 * j, bx + 16 * j, 1);
+        }
+        Wgmma<N>::f16(msum, am, bm);
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_operands(acc);
+        fence_operands(acc_lo);
+        fence_operands(msum);
+#pragma unroll
+        for (int i = 0; i < R; ++i) acc[i] = acc[i] * 8 + acc_lo[i];
+      } else {
+        Wgmma<N>::u8s8_first(acc, da, bx);
+#pragma unroll
+        for (int j = 1; j < 8; ++j) Wgmma<N>::u8s8(acc, da + 128 * j, bx + 16 * j, 1);
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_operands(acc);
+#pragma unroll
+        for (int i = 0; i < R; ++i) acc[i] <<= 3;
+        wgmma_fence();
+        fence_operands(acc);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          Wgmma<N>::u8s8(acc, da + kLoPlane + 128 * j, bx + 16 * j, 1);
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_operands(acc);
+      }
+      const float* dx = reinterpret_cast<const float*>(xs + L::kDx);
+#pragma unroll
+      for (int j = 0; j < N / 8; ++j) {
+        const float2 d2 = *reinterpret_cast<const float2*>(dx + 8 * j + 2 * q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          sum_q[4 * j + i] = q8_block_step(sum_q[4 * j + i], (i & 1) ? d2.y : d2.x, ks[i >> 1].d, acc[4 * j + i]);
+      }
+      if constexpr (!kSplit) {  // the mins' wgmma after the chain: its accumulators take acc's registers
+        wgmma_fence();
+        Wgmma<N>::f16(msum, am, bm);
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_operands(msum);
+      }
+#pragma unroll
+      for (int j = 0; j < N / 8; ++j) {
+        const float2 d2 = *reinterpret_cast<const float2*>(dx + 8 * j + 2 * q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          sum_m[4 * j + i] = q8_block_step_exact(sum_m[4 * j + i], (i & 1) ? d2.y : d2.x, ks[i >> 1].dmin, msum[4 * j + i]);
+      }
+
+      // the stage is read: the last of the CTA's 8 warps to finish it refills it, S steps
+      // on. A warp is done with it once its own reads are and its wgmma waits have
+      // returned (a warpgroup's wgmma completes as one operation, so its planes are free
+      // too). No barrier here: warps that finish early go on to the next stage.
+      if (lane == 0) {
+        __threadfence_block();
+        if ((atomicAdd(&released[s], 1) & 7) == 7) {
+          const WgStep next = WgStep{n, b}.after(S, blocks);
+          issue_weight(next, s);
+          issue_acts(next, s);
+        }
+      }
+
+      if (++s == S) s = 0, phase ^= 1;
+    }
+    const int64_t row0 = (blockIdx.x + (int64_t)n * gridDim.x) * kWgCtaRows + hrow;
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int k = 8 * j + 2 * q + (i & 1);
+        const int64_t row = row0 + 8 * (i >> 1);
+        if (k < a.t && row < a.rows) a.y[k * a.ldy + row] = q8_kquant45_result(sum_q[4 * j + i], sum_m[4 * j + i]);
+      }
+  }
+}
+
+// One block per CTA: every token's quants, mins halves and scale of the block in
+// the operand layout (the file's header); tokens past t are zeros.
+__global__ void q8_wgmma_relayout_kernel(Q8Args a, uint8_t* dst, int T, int blocks) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const int64_t b = blockIdx.x;
+  uint8_t* const quants = dst + b * T * kQK_K;
+  uint8_t* const mins = dst + (int64_t)blocks * T * kQK_K + b * T * 32;
+  float* const dxs = reinterpret_cast<float*>(dst + (int64_t)blocks * T * (kQK_K + 32)) + b * T;
+  for (int i = threadIdx.x; i < T * 16; i += blockDim.x) {  // in destination order: the writes are contiguous
+    const int n = (i >> 7) * 8 + (i & 7), kc = (i >> 3) & 15;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (n < a.t) v = *reinterpret_cast<const uint4*>(a.xq + n * a.xq_pitch + b * kQK_K + 16 * kc);
+    reinterpret_cast<uint4*>(quants)[i] = v;
+  }
+  for (int n = threadIdx.x; n < T; n += blockDim.x) {
+    uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+    float dx = 0.0f;
+    if (n < a.t) {  // the f16 record: half2(lo_2i, lo_2i+1), half2(hi_2i, hi_2i+1) for i = 0..3, then dx
+      const uint32_t* r =
+          reinterpret_cast<const uint32_t*>(a.meta_f16 + ((int64_t)n * a.meta_per_token + b) * kQ8F16RecSrcBytes);
+      lo = make_uint4(r[0], r[2], r[4], r[6]);
+      hi = make_uint4(r[1], r[3], r[5], r[7]);
+      dx = __uint_as_float(r[8]);
+    }
+    uint8_t* m = mins + (n >> 3) * 256 + (n & 7) * 16;
+    *reinterpret_cast<uint4*>(m) = lo;
+    *reinterpret_cast<uint4*>(m + 128) = hi;
+    dxs[n] = dx;
+  }
+}
+
+template <bool kHigh, int N>
+void launch_wgmma(const Q8Call& a, cudaStream_t stream) {
+  using L = WgLayout<kHigh, N>;
+  if (L::kSmem > q8_smem_optin()) throw DeviceError("matvec_q8_wgmma: the stages do not fit shared memory");
+  Q8Call args = a;
+  void* params[] = {&args};
+  launch_persistent(reinterpret_cast<const void*>(&matvec_q8_wgmma_kernel<kHigh, N>), params, kWgThreads, L::kSmem,
+                    a.rows, kWgCtaRows, stream, "matvec_q8_wgmma");
+}
+
+template <bool kHigh>
+void launch_wgmma_tokens(const Q8Call& a, cudaStream_t stream) {
+  switch (wg_tokens(a.t)) {
+    case 32: launch_wgmma<kHigh, 32>(a, stream); break;
+    case 64: launch_wgmma<kHigh, 64>(a, stream); break;
+    default: launch_wgmma<kHigh, 128>(a, stream); break;
+  }
+}
+
+}  // namespace
+
+int q8_wgmma_min_tokens() {
+  // MUSER_Q8_WGMMA=0 turns the kernel off, MUSER_Q8_WGMMA=<t> moves its threshold (for measuring)
+  static const int min_t = [] {
+    const char* e = std::getenv("MUSER_Q8_WGMMA");
+    if (!e) return kQ8WgmmaMinTokens;
+    const int v = std::atoi(e);
+    return v <= 0 ? INT_MAX : v;
+  }();
+  return min_t;
+}
+
+bool q8_wgmma_ready(uint32_t type, int t) {
+  if (type != (uint32_t)GgmlType::Q5_K && type != (uint32_t)GgmlType::Q4_K) return false;
+  if (t < q8_wgmma_min_tokens()) return false;
+  int dev = 0, major = 0, minor = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute(major)");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute(minor)");
+  // sm_90a code runs on 9.0 alone; every such part opts in to the 227 KB the stages take
+  return major == 9 && minor == 0 && q8_smem_optin() >= 232448;
+}
+
+// t in 8-token groups, and one launch's worth of zeros after them: a launch of
+// `count` tokens from token k0 reads wg_tokens(count) <= count + 127 of them
+int q8_wgmma_layout_tokens(int t) { return (t + 7) / 8 * 8 + kQ8WgmmaChunk; }
+
+size_t q8_wgmma_acts_bytes(int64_t K, int t) {
+  return (size_t)(K / kQK_K) * (size_t)q8_wgmma_layout_tokens(t) * kWgTokBytes;
+}
+
+void q8_wgmma_relayout(const Q8Args& a, int64_t K, uint8_t* dst, cudaStream_t stream) {
+  const int blocks = (int)(K / kQK_K);
+  launch_pdl(q8_wgmma_relayout_kernel, dim3((unsigned)blocks), dim3(256), 0, stream, "q8_wgmma_relayout", a, dst,
+             q8_wgmma_layout_tokens(a.t), blocks);
+  check_launch("q8_wgmma_relayout");
+}
+
+void matvec_q8_wgmma(const Q8Call& a, cudaStream_t stream) {
+  if (!a.wg) throw DeviceError("matvec_q8_wgmma: the activations were not laid out for it");
+  if (a.fold.op != EpilogueOp::None) throw DeviceError("matvec_q8_wgmma: no fused node (kQ8FoldMaxTokens)");
+  for (int k0 = 0; k0 < a.t; k0 += kQ8WgmmaChunk) {
+    const Q8Call chunk = q8_tokens(a, k0, std::min(kQ8WgmmaChunk, a.t - k0));
+    if (chunk.wg_k0 + wg_tokens(chunk.t) > chunk.wg_tokens)
+      throw DeviceError("matvec_q8_wgmma: a launch past the activations' layout");
+    if (a.type == (uint32_t)GgmlType::Q5_K) launch_wgmma_tokens<true>(chunk, stream);
+    else launch_wgmma_tokens<false>(chunk, stream);
+    check_launch("matvec_q8_wgmma");
+  }
+}
+
+}  // namespace muser::cuda
