@@ -50,12 +50,20 @@
 
 namespace muser::cuda {
 
+#ifndef MUSER_CUDA_WGMMA
+#define MUSER_CUDA_WGMMA 1
+#endif
+
+namespace {
+constexpr int kWgTokBytes = kQK_K + 32 + 4;  // a token's block in the layout: quants, mins halves, dx
+}  // namespace
+
+#if MUSER_CUDA_WGMMA
 namespace {
 
-constexpr int kWgRows = 64;                  // rows of one warpgroup (wgmma M)
-constexpr int kWgCtaRows = 2 * kWgRows;      // two warpgroups a CTA
+constexpr int kWgRows = 64;              // rows of one warpgroup (wgmma M)
+constexpr int kWgCtaRows = 2 * kWgRows;  // two warpgroups a CTA
 constexpr int kWgThreads = 2 * 128;
-constexpr int kWgTokBytes = kQK_K + 32 + 4;  // a token's block: quants, mins halves, dx
 constexpr int kWgPlaneBytes = kWgRows * kQK_K;
 
 // Tokens a launch of `count` computes (wgmma N): 32, 64 or 128.
@@ -512,6 +520,7 @@ void launch_wgmma_tokens(const Q8Call& a, cudaStream_t stream) {
 }
 
 }  // namespace
+#endif  // MUSER_CUDA_WGMMA
 
 int q8_wgmma_min_tokens() {
   // MUSER_Q8_WGMMA=0 turns the kernel off, MUSER_Q8_WGMMA=<t> moves its threshold (for measuring)
@@ -525,6 +534,7 @@ int q8_wgmma_min_tokens() {
 }
 
 bool q8_wgmma_ready(uint32_t type, int t) {
+  if (!MUSER_CUDA_WGMMA) return false;  // built by a toolkit without sm_90a
   if (type != (uint32_t)GgmlType::Q5_K && type != (uint32_t)GgmlType::Q4_K) return false;
   if (t < q8_wgmma_min_tokens()) return false;
   int dev = 0, major = 0, minor = 0;
@@ -543,6 +553,7 @@ size_t q8_wgmma_acts_bytes(int64_t K, int t) {
   return (size_t)(K / kQK_K) * (size_t)q8_wgmma_layout_tokens(t) * kWgTokBytes;
 }
 
+#if MUSER_CUDA_WGMMA
 void q8_wgmma_relayout(const Q8Args& a, int64_t K, uint8_t* dst, cudaStream_t stream) {
   const int blocks = (int)(K / kQK_K);
   launch_pdl(q8_wgmma_relayout_kernel, dim3((unsigned)blocks), dim3(256), 0, stream, "q8_wgmma_relayout", a, dst,
@@ -562,5 +573,12 @@ void matvec_q8_wgmma(const Q8Call& a, cudaStream_t stream) {
     check_launch("matvec_q8_wgmma");
   }
 }
+
+#else
+void q8_wgmma_relayout(const Q8Args&, int64_t, uint8_t*, cudaStream_t) {
+  throw DeviceError("q8_wgmma_relayout: built without sm_90a");
+}
+void matvec_q8_wgmma(const Q8Call&, cudaStream_t) { throw DeviceError("matvec_q8_wgmma: built without sm_90a"); }
+#endif  // MUSER_CUDA_WGMMA
 
 }  // namespace muser::cuda
