@@ -57,6 +57,7 @@ constexpr std::chrono::milliseconds kIdleRetire{1000};
 
 // One job; lives on the caller's stack until every worker has left it.
 struct Job {
+  Job(ChunkFn f, void* c, int64_t n) : fn(f), ctx(c), chunks(n) {}
   ChunkFn fn;
   void* ctx;
   int64_t chunks;

@@ -8,7 +8,7 @@
 // REG: the register type; P: the intrinsic prefix (_mm256, _mm512); LANES: floats per register.
 #define MUSER_X86_F32_OPS(REG, P, LANES)                                        \
   using F = REG;                                                                \
-  static constexpr int kLanes = LANES;                                          \
+  [[maybe_unused]] static constexpr int kLanes = LANES;                         \
   static F set1(float v) { return P##_set1_ps(v); }                             \
   static F load(const float* p) { return P##_loadu_ps(p); }                     \
   static void store(float* p, F v) { P##_storeu_ps(p, v); }                     \
