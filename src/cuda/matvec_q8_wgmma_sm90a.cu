@@ -55,7 +55,11 @@ namespace muser::cuda {
 #endif
 
 namespace {
-constexpr int kWgTokBytes = kQK_K + 32 + 4;  // a token's block in the layout: quants, mins halves, dx
+// a token's block in the activations' layout: 256 quants, the mins' 16 f16 halves, dx
+constexpr int kWgMinsBytes = 16 * 2, kWgDxBytes = 4;
+constexpr int kWgTokBytes = kQK_K + kWgMinsBytes + kWgDxBytes;
+// the shared memory a CTA takes, all that an sm_90 part lets one opt in to (227 KB)
+constexpr size_t kWgSmemBudget = 232448;
 }  // namespace
 
 #if MUSER_CUDA_WGMMA
@@ -74,14 +78,16 @@ struct WgLayout {
   static constexpr int kBlockBytes = Q8DecKQuant<kHigh>::kBlockBytes;
   static constexpr int kRaw = kWgCtaRows * kBlockBytes;  // the CTA's rows' block: 8 row tiles
   static constexpr int kActs = N * kWgTokBytes;          // the tokens' block: quants, mins, dx
-  static constexpr int kMins = N * kQK_K, kDx = N * (kQK_K + 32);  // offsets in kActs
+  static constexpr int kMins = N * kQK_K, kDx = N * (kQK_K + kWgMinsBytes);  // offsets in kActs
   static constexpr int kStage = kRaw + kActs;
   static constexpr int kPlanes = 2 * 2 * kWgPlaneBytes;  // [warpgroup][hi, lo]
   // as many stages as the H100/H200's 227 KB a CTA hold (2 at 128 tokens, 4 at 64, 5 at 32)
-  static constexpr int kStages = (232448 - kPlanes - 256) / kStage < 6 ? (232448 - kPlanes - 256) / kStage : 6;
+  static constexpr int kFit = (int)((kWgSmemBudget - kPlanes - 256) / kStage);  // 256: the barriers' room
+  static constexpr int kStages = kFit < 6 ? kFit : 6;
   static constexpr int kBars = kPlanes + kStages * kStage;
   static constexpr size_t kSmem = (size_t)kBars + kStages * 8 + kStages * 4;
   static_assert(kStages >= 2, "two stages at least");
+  static_assert(kSmem <= kWgSmemBudget, "q8_wgmma_ready checks the device for the budget, not each layout");
   static_assert(kRaw % 16 == 0 && kActs % 16 == 0 && kBars % 8 == 0, "bulk copies move 16-byte pieces");
 };
 
@@ -125,7 +131,7 @@ template <class T, int R>
 __device__ __forceinline__ void fence_operands(T (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) {
-    if constexpr (sizeof(T) == 4 && std::is_same_v<T, float>) asm volatile("" : "+f"(d[i])::"memory");
+    if constexpr (std::is_same_v<T, float>) asm volatile("" : "+f"(d[i])::"memory");
     else asm volatile("" : "+r"(d[i])::"memory");
   }
 }
@@ -301,7 +307,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
   const int64_t last_tile = (a.rows + kTileRows - 1) / kTileRows - 1;
   const int64_t T = a.wg_tokens;
   const uint8_t* const mins = a.wg + blocks * T * kQK_K;
-  const uint8_t* const dxs = mins + blocks * T * 32;
+  const uint8_t* const dxs = mins + blocks * T * kWgMinsBytes;
 
   // row tile i's block of step w (tiles past the last re-read it: their rows are never stored)
   auto weight_src = [&](WgStep w, int i) {
@@ -324,8 +330,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
     uint8_t* st = smem_wg + L::kPlanes + s * L::kStage + L::kRaw;
     const int64_t at = (int64_t)w.b * T + a.wg_k0;
     bulk_copy(st, a.wg + at * kQK_K, N * kQK_K, &full[s]);
-    bulk_copy(st + L::kMins, mins + at * 32, N * 32, &full[s]);
-    bulk_copy(st + L::kDx, dxs + at * 4, N * 4, &full[s]);
+    bulk_copy(st + L::kMins, mins + at * kWgMinsBytes, N * kWgMinsBytes, &full[s]);
+    bulk_copy(st + L::kDx, dxs + at * kWgDxBytes, N * kWgDxBytes, &full[s]);
   };
 
   if (tid == 0) {
@@ -475,8 +481,8 @@ __global__ void q8_wgmma_relayout_kernel(Q8Args a, uint8_t* dst, int T, int bloc
   pdl_wait();
   const int64_t b = blockIdx.x;
   uint8_t* const quants = dst + b * T * kQK_K;
-  uint8_t* const mins = dst + (int64_t)blocks * T * kQK_K + b * T * 32;
-  float* const dxs = reinterpret_cast<float*>(dst + (int64_t)blocks * T * (kQK_K + 32)) + b * T;
+  uint8_t* const mins = dst + (int64_t)blocks * T * kQK_K + b * T * kWgMinsBytes;
+  float* const dxs = reinterpret_cast<float*>(dst + (int64_t)blocks * T * (kQK_K + kWgMinsBytes)) + b * T;
   for (int i = threadIdx.x; i < T * 16; i += blockDim.x) {  // in destination order: the writes are contiguous
     const int n = (i >> 7) * 8 + (i & 7), kc = (i >> 3) & 15;
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -503,7 +509,7 @@ __global__ void q8_wgmma_relayout_kernel(Q8Args a, uint8_t* dst, int T, int bloc
 template <bool kHigh, int N>
 void launch_wgmma(const Q8Call& a, cudaStream_t stream) {
   using L = WgLayout<kHigh, N>;
-  if (L::kSmem > q8_smem_optin()) throw DeviceError("matvec_q8_wgmma: the stages do not fit shared memory");
+  // fits: kSmem <= kWgSmemBudget (static_assert), which q8_wgmma_ready checked the device for
   Q8Call args = a;
   void* params[] = {&args};
   launch_persistent(reinterpret_cast<const void*>(&matvec_q8_wgmma_kernel<kHigh, N>), params, kWgThreads, L::kSmem,
@@ -542,7 +548,7 @@ bool q8_wgmma_ready(uint32_t type, int t) {
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute(major)");
   check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute(minor)");
   // sm_90a code runs on 9.0 alone; every such part opts in to the 227 KB the stages take
-  return major == 9 && minor == 0 && q8_smem_optin() >= 232448;
+  return major == 9 && minor == 0 && q8_smem_optin() >= kWgSmemBudget;
 }
 
 // t in 8-token groups, and one launch's worth of zeros after them: a launch of
