@@ -284,7 +284,13 @@ Q8Call q8_tokens(const Q8Call& a, int k0, int count) {
 
 void matvec_q8(const Q8Call& a, cudaStream_t stream) {
   if (a.wg && a.t >= q8_wgmma_min_tokens()) {  // laid out by quantize_acts_q8 where the device takes the kernel
-    matvec_q8_wgmma(a, stream);
+    // launches of kQ8WgmmaChunk tokens; a last part below the threshold takes the mma.sync
+    // kernels, which are faster there (t = 129: 128 + 1 tokens, the one at t = 1's cost)
+    for (int k0 = 0; k0 < a.t; k0 += kQ8WgmmaChunk) {
+      const Q8Call part = q8_tokens(a, k0, std::min(kQ8WgmmaChunk, a.t - k0));
+      if (part.t >= q8_wgmma_min_tokens()) matvec_q8_wgmma(part, stream);
+      else matvec_q8(part, stream);
+    }
     return;
   }
   const int kTokenTile = q8_token_tile(a.type);  // t <= kTokenTile reads the weight once, larger t once per tile

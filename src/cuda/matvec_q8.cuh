@@ -1118,7 +1118,8 @@ bool launch_matvec_q8_stream(const Q8Args& a, cudaStream_t stream) {
 }
 
 // Batches of Q4_K/Q5_K on Hopper (matvec_q8_wgmma_sm90a.cu): from kQ8WgmmaMinTokens
-// tokens on, launches of up to kQ8WgmmaChunk tokens whose integer sums run on wgmma.
+// tokens on, launches of up to kQ8WgmmaChunk tokens whose integer sums run on wgmma
+// (a last part of fewer than kQ8WgmmaMinTokens runs on the mma.sync kernels).
 // 65: at 64 tokens of the seed head it ties the streamed kernel's two launches (753
 // against 755 us), at 48 it loses (738 against 624), at 96 it wins (1,036 against 1,122;
 // docs/performance.md).
@@ -1134,7 +1135,7 @@ int q8_wgmma_layout_tokens(int t);
 size_t q8_wgmma_acts_bytes(int64_t K, int t);
 // writes a's quantized activations into dst in that layout (after the quantizer, on its stream)
 void q8_wgmma_relayout(const Q8Args& a, int64_t K, uint8_t* dst, cudaStream_t stream);
-// y = W x for a.wg's activations, in launches of kQ8WgmmaChunk tokens
+// y = W x for a.wg's activations, one launch (a.t <= kQ8WgmmaChunk; matvec_q8 splits larger t)
 void matvec_q8_wgmma(const Q8Call& a, cudaStream_t stream);
 
 // Tokens per matvec_q8 launch for a weight type: 32 for Q4_K, Q5_K and Q8_0 (the

@@ -659,14 +659,11 @@ void q8_wgmma_relayout(const Q8Args& a, int64_t K, uint8_t* dst, cudaStream_t st
 void matvec_q8_wgmma(const Q8Call& a, cudaStream_t stream) {
   if (!a.wg) throw DeviceError("matvec_q8_wgmma: the activations were not laid out for it");
   if (a.fold.op != EpilogueOp::None) throw DeviceError("matvec_q8_wgmma: no fused node (kQ8FoldMaxTokens)");
-  for (int k0 = 0; k0 < a.t; k0 += kQ8WgmmaChunk) {
-    const Q8Call chunk = q8_tokens(a, k0, std::min(kQ8WgmmaChunk, a.t - k0));
-    if (chunk.wg_k0 + wg_tokens(chunk.t) > chunk.wg_tokens)
-      throw DeviceError("matvec_q8_wgmma: a launch past the activations' layout");
-    if (a.type == (uint32_t)GgmlType::Q5_K) launch_wgmma_tokens<true>(chunk, stream);
-    else launch_wgmma_tokens<false>(chunk, stream);
-    check_launch("matvec_q8_wgmma");
-  }
+  if (a.t > kQ8WgmmaChunk || a.wg_k0 + wg_tokens(a.t) > a.wg_tokens)
+    throw DeviceError("matvec_q8_wgmma: a launch past kQ8WgmmaChunk tokens or the activations' layout");
+  if (a.type == (uint32_t)GgmlType::Q5_K) launch_wgmma_tokens<true>(a, stream);
+  else launch_wgmma_tokens<false>(a, stream);
+  check_launch("matvec_q8_wgmma");
 }
 
 #else
