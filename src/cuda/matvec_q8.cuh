@@ -1121,7 +1121,7 @@ bool launch_matvec_q8_stream(const Q8Args& a, cudaStream_t stream) {
 // tokens on, launches of up to kQ8WgmmaChunk tokens whose integer sums run on wgmma
 // (a last part of fewer than kQ8WgmmaMinTokens runs on the mma.sync kernels).
 // 65: at 64 tokens of the seed head it ties the streamed kernel's two launches (753
-// against 755 us), at 48 it loses (738 against 624), at 96 it wins (1,036 against 1,122;
+// against 755 us), at 48 it loses (738 against 624), at 96 it wins (859 against 1,122;
 // docs/performance.md).
 constexpr int kQ8WgmmaMinTokens = 65;
 constexpr int kQ8WgmmaChunk = 128;
