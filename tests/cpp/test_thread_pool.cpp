@@ -2,13 +2,15 @@
 // visited exactly once whatever the size, grain and thread count; callers on
 // several threads, nested calls and a throwing chunk are correct; the pool
 // really runs chunks at once; idle workers beyond a baseline retire and the
-// pool grows again when asked; and a process that used the pool can fork (also
-// while another thread is inside a parallel_for) and the child's pool works.
+// pool grows again when asked; a process that used the pool can fork (also
+// while another thread is inside a parallel_for) and the child's pool works;
+// and once the process exits no worker retires.
 // Waits that could hang on a bug are capped (the cap only turns a hang into a
 // failure; nothing here measures time).
 #include <gtest/gtest.h>
 
 #if !defined(__APPLE__)  // Apple runs parallel_for on GCD; the pool is not built there
+#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -258,6 +260,66 @@ TEST(ThreadPool, ForkWhileAnotherThreadIsInParallelFor) {
   }
   stop = true;
   busy.join();
+}
+
+
+// Threads of this process, as Linux lists them; -1 where /proc is not there.
+int process_threads() {
+  DIR* dir = opendir("/proc/self/task");
+  if (!dir) return -1;
+  int n = 0;
+  while (const dirent* e = readdir(dir))
+    if (e->d_name[0] != '.') ++n;
+  closedir(dir);
+  return n;
+}
+
+// Polls process_threads() until it equals `want`, for at most `seconds`
+// (the kernel removes an ended thread's entry shortly after join returns).
+bool threads_become(int want, int seconds) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (process_threads() != want)
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return true;
+}
+
+// What the forked child of NoWorkerEndsWhileTheProcessExits checks; returns
+// an exit code. Retired workers are joined by the exit handler, and after it
+// none retires, even idle far past the retirement timeout.
+int exit_checks() {
+  const int keep = std::max(0, muser::cpu::default_threads() - 1);
+  const int many = std::min(kMaxThreads, std::max(16, keep + 2));
+  const int before = process_threads();  // the child's one thread, and no pool
+  if (before < 1 || pool_workers() != 0) return 10;
+  if (!chunks_run_at_once(many)) return 11;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (pool_workers() > keep && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (pool_workers() != keep) return 12;
+  muser::cpu::prepare_pool_for_exit();
+  if (!threads_become(before + keep, 2)) return 13;  // the retired workers ended
+  if (!chunks_run_at_once(many)) return 14;
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // 2.5 x the retirement timeout
+  if (pool_workers() != many - 1) return 15;
+  if (process_threads() != before + many - 1) return 16;
+  return 0;
+}
+
+// A worker ending while the process exits crashes LeakSanitizer's exit-time
+// scan (thread_pool.cpp); the exit handler prevents it. The check runs in a
+// forked child, the pool's exit state being one-way, from a parent that has
+// started no thread (each test is its own process under ctest).
+TEST(ThreadPool, NoWorkerEndsWhileTheProcessExits) {
+  MUSER_SKIP_FORK_UNDER_TSAN();
+  if (process_threads() < 0) GTEST_SKIP() << "counts threads in /proc/self/task (Linux only)";
+  if (std::max(0, muser::cpu::default_threads() - 1) >= kMaxThreads - 1) GTEST_SKIP() << "no worker can retire";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) _exit(exit_checks());
+  EXPECT_EQ(wait_exit_code(pid, 60), 0)
+      << "-1: the child hung; 12: workers did not retire; 13: retired workers still run after the exit "
+         "handler; 15/16: workers retired after it";
 }
 
 }  // namespace

@@ -15,11 +15,22 @@
 //
 // Idle workers beyond a baseline (default_threads() - 1: what a job at the
 // default thread count uses) retire after kIdleRetire without a seat: each
-// removes itself from the pool under the mutex, detaches and exits. A process
-// that once ran threads=256 does not carry 255 sleeping threads until exit
-// (they made LeakSanitizer's exit-time scan crash), and a later job simply
-// starts workers again. The baseline never retires, so a head at the default
-// count never pays for starting threads twice.
+// moves itself from the pool's workers to its retired list under the mutex
+// and exits; the next job, or the process's exit, joins it. A process that
+// once ran threads=256 does not carry 255 sleeping threads until exit (they
+// made LeakSanitizer's exit-time scan crash), and a later job simply starts
+// workers again. The baseline never retires, so a head at the default count
+// never pays for starting threads twice.
+//
+// Exit: no thread of ours is ending while the process exits. A process that
+// exits within a second of a many-thread job had its workers retiring (and
+// tearing down their thread-local storage) while LeakSanitizer's exit-time
+// scan stopped the world: a teardown racing the scan's tracer, one suspected
+// cause of its intermittent crashes (google/sanitizers#1353; CI hit such a
+// crash on 2026-12-04, its trigger unconfirmed). An exit handler, registered
+// when the library loads and so run before the sanitizer's (atexit runs in
+// reverse), stops retirement and joins the workers that already retired; the
+// rest sleep.
 //
 // fork(): only the forking thread exists in the child. The workers are gone
 // and the pool's mutex may be held by a thread that no longer exists (a fork
@@ -33,6 +44,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -80,6 +92,7 @@ class Pool {
     int seats;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      join_retired();
       grow(helpers);
       job_ = &job;
       seats = seats_ = std::min(helpers, (int)workers_.size());
@@ -101,6 +114,13 @@ class Pool {
     return (int)workers_.size();
   }
 
+  // From here on no worker retires, and those that did have ended.
+  void stop_retiring() {
+    std::lock_guard<std::mutex> lock(mu_);
+    retiring_ = false;
+    join_retired();
+  }
+
  private:
   // Takes chunks until none is left. An exception stops the job: the
   // remaining chunks are skipped and the caller rethrows the first one.
@@ -118,7 +138,9 @@ class Pool {
   // refuses a thread (or memory) the job runs with the workers there are.
   void grow(int n) {
     try {
-      workers_.reserve((size_t)n);  // push_back below cannot throw after this
+      // push_back below, and retire()'s into retired_, cannot throw after this
+      workers_.reserve((size_t)n);
+      retired_.reserve(retired_.size() + (size_t)n);
       while ((int)workers_.size() < n) workers_.push_back(new std::thread([this] { worker_main(); }));
     } catch (...) {
     }
@@ -143,21 +165,30 @@ class Pool {
 
   // Called with mu_ held by an idle worker with no seat to take (seats_ == 0,
   // so no job counts on it): while the pool has more workers than it keeps,
-  // removes the calling worker's thread from workers_ and returns true; the
-  // worker then exits. run() counts seats under mu_, so it never counts a
-  // worker that has left. Detached, the std::thread can be deleted here;
-  // grow() pushed it before this worker could take mu_, so it is found.
+  // moves the calling worker's thread from workers_ to retired_ and returns
+  // true; the worker then exits. run() counts seats under mu_, so it never
+  // counts a worker that has left. grow() pushed the thread before this
+  // worker could take mu_, so it is found.
   bool retire() {
-    if ((int)workers_.size() <= keep_) return false;
+    if (!retiring_ || (int)workers_.size() <= keep_) return false;
     const auto self = std::find_if(workers_.begin(), workers_.end(),
                                    [](std::thread* t) { return t->get_id() == std::this_thread::get_id(); });
     if (self == workers_.end()) return false;
-    std::thread* t = *self;
-    *self = workers_.back();  // order does not matter
+    retired_.push_back(*self);  // reserved in grow(): cannot throw
+    *self = workers_.back();    // order does not matter
     workers_.pop_back();
-    t->detach();
-    delete t;
     return true;
+  }
+
+  // Joins the workers that retired (called with mu_ held). That cannot
+  // deadlock: a retired worker let go of mu_ before we could take it, and its
+  // thread's end needs nothing of the pool's.
+  void join_retired() {
+    for (std::thread* t : retired_) {
+      t->join();
+      delete t;
+    }
+    retired_.clear();  // keeps the capacity grow() reserved
   }
 
   std::atomic<bool> busy_{false};  // a job holds the pool
@@ -168,10 +199,11 @@ class Pool {
   int seats_ = 0;   // workers that may still join job_
   int seated_ = 0;  // workers inside job_
   const int keep_;  // workers that never retire
-  // Never joined: a retiring worker detaches and deletes its own (retire());
-  // the rest live until exit, or are forgotten with the pool in a forked
-  // child, where joining (or destroying) them would hang or terminate.
+  bool retiring_ = true;  // false once the process exits (stop_retiring())
+  // Never joined: they live until exit, or are forgotten with the pool in a
+  // forked child, where joining (or destroying) them would hang or terminate.
   std::vector<std::thread*> workers_;
+  std::vector<std::thread*> retired_;  // workers that retired, not yet joined
 };
 
 std::atomic<Pool*> g_pool{nullptr};
@@ -192,6 +224,11 @@ void forget_pool_in_child() { g_pool.store(nullptr, std::memory_order_relaxed); 
 [[maybe_unused]] const int g_atfork_registered = pthread_atfork(nullptr, nullptr, forget_pool_in_child);
 #endif
 
+// Registered when the library loads, after the sanitizer runtime (loaded or
+// initialised first) registered its leak check, so this runs before it. A
+// forked child inherits it.
+[[maybe_unused]] const int g_atexit_registered = std::atexit(prepare_pool_for_exit);
+
 }  // namespace
 
 void run_chunks(int64_t chunks, int threads, ChunkFn fn, void* ctx) {
@@ -209,6 +246,12 @@ void run_chunks(int64_t chunks, int threads, ChunkFn fn, void* ctx) {
 int pool_workers() {
   Pool* p = g_pool.load(std::memory_order_acquire);
   return p ? p->workers() : 0;
+}
+
+void prepare_pool_for_exit() {
+  // In a forked child g_pool is the child's own pool or null, never the
+  // parent's (whose mutex may be held by a thread that does not exist here).
+  if (Pool* p = g_pool.load(std::memory_order_acquire)) p->stop_retiring();
 }
 
 }  // namespace muser::cpu

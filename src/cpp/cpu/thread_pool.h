@@ -24,4 +24,9 @@ void run_chunks(int64_t chunks, int threads, ChunkFn fn, void* ctx);
 // idle). For the tests.
 int pool_workers();
 
+// What the process's exit runs (an atexit handler the pool registers): from
+// now on no worker retires, and workers that already retired have ended, so
+// no thread of the pool is exiting while the process exits. For the tests.
+void prepare_pool_for_exit();
+
 }  // namespace muser::cpu
