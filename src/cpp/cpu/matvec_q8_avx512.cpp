@@ -110,20 +110,25 @@ struct alignas(64) BlockScratch {
 };
 
 // Software prefetch of a row's block some blocks on (past the row's end: the
-// same place in the next tile's row). The integer pass walks the tile block
-// by block, each block across its 16 rows: 16 sequential streams. About
-// 1.5 KiB ahead per stream measured best for one token (hardware prefetch
-// alone left a fifth of the read bandwidth unused); each token makes a block
-// step longer, so the distance shrinks with the tokens (measured better at
-// t = 8, within this machine's noise).
+// same place in the next tile's row), into L2 (T1). The integer pass walks
+// the tile block by block, each block across its 16 rows: 16 sequential
+// streams, each prefetched about 1.5 KiB (at least two blocks) ahead whatever
+// the tokens. Against the earlier T0 (into L1) at 1.5 KiB / t ahead, tuned on
+// an Intel Xeon VM (where hardware prefetch alone left a fifth of the read
+// bandwidth unused), bench/experiments/cpu_q8_kernel_ab.sh on the AMD EPYC
+// (Zen 4) VM of 2026-12-04, seed-shaped heads, two threads, gave new / old at
+// t = 1: Q5_K 0.72 (0.71 on one core), Q4_K 0.79, Q6_K 0.77, Q8_0 0.86 and
+// 0.61 on the Gemma-3 shape; at t = 8 0.82 (Q5_K) to 1.03 (Q4_K). Not
+// measured on an Intel machine since. The hint must be a constant where the
+// prefetch is issued: choosing it per call (T1 for few tokens, T0 for many)
+// made GCC drop every prefetch.
 constexpr int64_t kPrefetchBytes = 1536;
-inline void prefetch_ahead(const uint8_t* row, int64_t row_bytes, int64_t b, int64_t nb, int64_t block_bytes,
-                           int nt) {
-  int64_t later = b + std::max<int64_t>(1, kPrefetchBytes / nt / block_bytes);
+inline void prefetch_ahead(const uint8_t* row, int64_t row_bytes, int64_t b, int64_t nb, int64_t block_bytes) {
+  int64_t later = b + std::max<int64_t>(2, kPrefetchBytes / block_bytes);
   const uint8_t* p = row;
   if (later >= nb) later -= nb, p += kTileRows * row_bytes;
   p += later * block_bytes;
-  for (int64_t o = 0; o < block_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+  for (int64_t o = 0; o < block_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
 }
 
 inline __m512 widen_f16x16(const uint16_t* p) {
@@ -157,7 +162,7 @@ void tile_kquant45(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int 
     const int8_t* xq = a.qs_nibble_order.data() + (size_t)k0 * a.cols + b * kQK_K;
     for (int i = 0; i < nr; ++i) {
       const uint8_t* row = w.data + (r + i) * w.row_bytes;
-      prefetch_ahead(row, w.row_bytes, b, nb, kBlockBytes, nt);
+      prefetch_ahead(row, w.row_bytes, b, nb, kBlockBytes);
       const uint8_t* blk = row + b * kBlockBytes;
       __m512i z[4];
       alignas(16) uint8_t sm[16];
@@ -220,7 +225,7 @@ void tile_q6k(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int k0, i
     const int16_t* xs16 = a.sum16.data() + (size_t)k0 * (a.cols / 16) + b * 16;
     for (int i = 0; i < nr; ++i) {
       const uint8_t* row = w.data + (r + i) * w.row_bytes;
-      prefetch_ahead(row, w.row_bytes, b, nb, kBlockBytes, nt);
+      prefetch_ahead(row, w.row_bytes, b, nb, kBlockBytes);
       const BlockQ6_K& q = *reinterpret_cast<const BlockQ6_K*>(row + b * kBlockBytes);
       __m512i z[4];
       q6k_unpack(q, z, false);
@@ -269,7 +274,7 @@ void tile_q80(const WeightView& w, const ActsQ8& a, int64_t r, int nr, int k0, i
     const uint8_t* xu = a.qs_biased.data() + (size_t)k0 * a.cols + b * kQK8_0;
     for (int i = 0; i < nr; ++i) {
       const uint8_t* row = w.data + (r + i) * w.row_bytes;
-      prefetch_ahead(row, w.row_bytes, p, npairs, kPairBytes, nt);
+      prefetch_ahead(row, w.row_bytes, p, npairs, kPairBytes);
       const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
       const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[0].qs));
       const __m512i wq = two ? _mm512_inserti64x4(_mm512_castsi256_si512(lo),
