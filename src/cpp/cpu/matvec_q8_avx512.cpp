@@ -115,7 +115,7 @@ struct alignas(64) BlockScratch {
 // streams, each prefetched about 1.5 KiB (at least two blocks) ahead whatever
 // the tokens. Against the earlier T0 (into L1) at 1.5 KiB / t ahead, tuned on
 // an Intel Xeon VM (where hardware prefetch alone left a fifth of the read
-// bandwidth unused), bench/experiments/cpu_q8_kernel_ab.sh on the AMD EPYC
+// bandwidth unused), bench/experiments/cpu_kernel_ab.sh on the AMD EPYC
 // (Zen 4) VM of 2026-12-04, seed-shaped heads, two threads, gave new / old at
 // t = 1: Q5_K 0.72 (0.71 on one core), Q4_K 0.79, Q6_K 0.77, Q8_0 0.86 and
 // 0.61 on the Gemma-3 shape; at t = 8 0.82 (Q5_K) to 1.03 (Q4_K). Not

@@ -1,10 +1,11 @@
-// The AVX-512 q8 matvec of two source revisions, alternating in one process
-// on seed-shaped weights (cpu_q8_kernel_ab.sh builds it): median and min ms
+// The AVX-512 q8 matvec (or, built with MUSER_AB_CANON, the canonical f32
+// one) of two source revisions, alternating in one process on seed-shaped
+// weights (cpu_kernel_ab.sh builds it): median and min ms
 // of each at every t, two threads by default. The weight is random bytes with
 // finite f16 scales (for Q5_K), so the numbers say nothing of the results,
 // only of time; the checksums show both sides computed the same.
 //
-//   cpu_q8_kernel_ab REPS TYPE THREADS H V TOKENS   (e.g. 9 Q5_K 2 6656 202048 1,8)
+//   cpu_kernel_ab REPS TYPE THREADS H V TOKENS   (e.g. 9 Q5_K 2 6656 202048 1,8)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,8 +21,16 @@
 #include "muser/quant_blocks.h"
 
 namespace muser::cpu {
-void matvec_q8_a(const WeightView&, const ActsQ8&, int64_t, int64_t, float*, int64_t);
-void matvec_q8_b(const WeightView&, const ActsQ8&, int64_t, int64_t, float*, int64_t);
+#if defined(MUSER_AB_CANON)
+using KernelActs = const float*;
+#define MUSER_AB_KERNEL(name) \
+  void name(const WeightView&, const float*, int64_t, int, int64_t, int64_t, float*, int64_t);
+#else
+using KernelActs = const ActsQ8&;
+#define MUSER_AB_KERNEL(name) void name(const WeightView&, const ActsQ8&, int64_t, int64_t, float*, int64_t);
+#endif
+MUSER_AB_KERNEL(matvec_ab_a)
+MUSER_AB_KERNEL(matvec_ab_b)
 }  // namespace muser::cpu
 
 using namespace muser;
@@ -53,8 +62,8 @@ int main(int argc, char** argv) {
         q->d = 0x2000, q->dmin = 0x1c00;
       }
   const WeightView w{(uint32_t)gt, V, H, rb, W.data()};
-  using Fn = void (*)(const WeightView&, const ActsQ8&, int64_t, int64_t, float*, int64_t);
-  const Fn fns[2] = {matvec_q8_a, matvec_q8_b};
+  using Fn = decltype(&matvec_ab_a);
+  const Fn fns[2] = {matvec_ab_a, matvec_ab_b};
   std::printf("%s %lld x %lld, %d threads, %d reps, alternating A (first revision) and B\n", ty.c_str(), (long long)V,
               (long long)H, threads, reps);
   std::stringstream tokens(argv[6]);
@@ -63,7 +72,7 @@ int main(int argc, char** argv) {
     std::vector<float> x((size_t)(t * H));
     for (auto& v : x) v = (float)((int)(g() % 2001) - 1000) / 300.0f;
     ActsQ8 a;
-    quantize_acts_q8(w.type, x.data(), H, H, t, &a);
+    quantize_acts_q8(w.type, x.data(), H, H, t, &a);  // read by the q8 kernel only
     const int64_t grain = std::max<int64_t>(64, std::min<int64_t>(2048, V / (8 * threads)) / 64 * 64);  // as cpu_device
     std::vector<double> ms[2];
     double sums[2] = {0, 0};
@@ -71,7 +80,13 @@ int main(int argc, char** argv) {
       for (int v = 0; v < 2; ++v) {
         std::vector<float> y((size_t)(t * V));
         const auto t0 = std::chrono::steady_clock::now();
-        parallel_for(V, grain, threads, [&](int64_t r0, int64_t r1) { fns[v](w, a, r0, r1, y.data(), V); });
+        parallel_for(V, grain, threads, [&](int64_t r0, int64_t r1) {
+#if defined(MUSER_AB_CANON)
+          fns[v](w, x.data(), H, t, r0, r1, y.data(), V);
+#else
+          fns[v](w, a, r0, r1, y.data(), V);
+#endif
+        });
         ms[v].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
         if (rep == 0)
           for (float f : y) sums[v] += f;
