@@ -84,6 +84,16 @@ TEST(ThreadPool, RunsChunksAtOnce) {
   EXPECT_GE(pool_workers(), 3);
 }
 
+// Waits for idle workers to retire until `keep` are left; true when exactly
+// `keep` are. The retirement timeout is about a second; 10 s only turns a pool
+// that never retires into a failure.
+bool workers_retire_to(int keep) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (pool_workers() > keep && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return pool_workers() == keep;
+}
+
 // Workers beyond the baseline the pool keeps (default_threads() - 1, what a
 // default-threads job uses) retire after sitting idle, so a process that once
 // ran a job with many threads does not carry those threads until exit; and a
@@ -94,12 +104,7 @@ TEST(ThreadPool, IdleWorkersBeyondTheBaselineRetire) {
   if (many - 1 <= keep) GTEST_SKIP() << "the baseline (" << keep << " workers) is the maximum: none can retire";
   ASSERT_TRUE(chunks_run_at_once(many));
   ASSERT_GE(pool_workers(), many - 1);
-  // The retirement timeout is about a second; 10 s only turns a pool that
-  // never retires into a failure.
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (pool_workers() > keep && std::chrono::steady_clock::now() < give_up)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_EQ(pool_workers(), keep) << "idle workers beyond the baseline should retire, and only those";
+  EXPECT_TRUE(workers_retire_to(keep)) << "idle workers beyond the baseline should retire, and only those";
   EXPECT_TRUE(chunks_run_at_once(many));
   EXPECT_GE(pool_workers(), many - 1);
   EXPECT_TRUE(visits_each_once(100000, 13, many));
@@ -292,10 +297,7 @@ int exit_checks() {
   const int before = process_threads();  // the child's one thread, and no pool
   if (before < 1 || pool_workers() != 0) return 10;
   if (!chunks_run_at_once(many)) return 11;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (pool_workers() > keep && std::chrono::steady_clock::now() < give_up)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  if (pool_workers() != keep) return 12;
+  if (!workers_retire_to(keep)) return 12;
   muser::cpu::prepare_pool_for_exit();
   if (!threads_become(before + keep, 2)) return 13;  // the retired workers ended
   if (!chunks_run_at_once(many)) return 14;

@@ -138,9 +138,10 @@ class Pool {
   // refuses a thread (or memory) the job runs with the workers there are.
   void grow(int n) {
     try {
-      // push_back below, and retire()'s into retired_, cannot throw after this
+      // push_back below, and retire()'s into retired_ (empty: run() joined
+      // it), cannot throw after this
       workers_.reserve((size_t)n);
-      retired_.reserve(retired_.size() + (size_t)n);
+      retired_.reserve((size_t)n);
       while ((int)workers_.size() < n) workers_.push_back(new std::thread([this] { worker_main(); }));
     } catch (...) {
     }
