@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -19,6 +21,8 @@
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
 #include "muser/quant_blocks.h"
+#include "quant_types.h"
+#include "quantize.h"
 
 namespace muser::cpu {
 #if defined(MUSER_AB_CANON)
@@ -44,11 +48,13 @@ int main(int argc, char** argv) {
   const int reps = std::atoi(argv[1]), threads = std::atoi(argv[3]);
   const std::string ty = argv[2];
   const int64_t H = std::atoll(argv[4]), V = std::atoll(argv[5]);
-  const GgmlType gt = ty == "Q4_K" ? GgmlType::Q4_K : ty == "Q6_K" ? GgmlType::Q6_K
-                    : ty == "Q8_0" ? GgmlType::Q8_0 : GgmlType::Q5_K;
-  const int64_t rb = gt == GgmlType::Q8_0 ? H / 32 * (int64_t)sizeof(BlockQ8_0)
-                   : H / 256 * (int64_t)(gt == GgmlType::Q4_K ? sizeof(BlockQ4_K)
-                                         : gt == GgmlType::Q6_K ? sizeof(BlockQ6_K) : sizeof(BlockQ5_K));
+  const std::optional<GgmlType> type = ggml_type_from_name(ty);
+  if (!type || std::find(std::begin(kQ8Types), std::end(kQ8Types), *type) == std::end(kQ8Types)) {
+    std::fprintf(stderr, "TYPE must be a q8 weight type (Q4_K, Q5_K, Q6_K, Q8_0), got %s\n", ty.c_str());
+    return 2;
+  }
+  const GgmlType gt = *type;
+  const int64_t rb = quantized_row_bytes(gt, H);
   std::vector<uint8_t> W((size_t)(V * rb));
   std::mt19937_64 g(1);
   for (size_t i = 0; i + 8 <= W.size(); i += 8) {

@@ -117,8 +117,8 @@ struct alignas(64) BlockScratch {
 // an Intel Xeon VM (where hardware prefetch alone left a fifth of the read
 // bandwidth unused), bench/experiments/cpu_kernel_ab.sh on the AMD EPYC
 // (Zen 4) VM of 2026-12-04, seed-shaped heads, two threads, gave new / old at
-// t = 1: Q5_K 0.72 (0.71 on one core), Q4_K 0.79, Q6_K 0.77, Q8_0 0.86 and
-// 0.61 on the Gemma-3 shape; at t = 8 0.82 (Q5_K) to 1.03 (Q4_K). Not
+// t = 1: Q5_K 0.81 (0.70 on one core), Q4_K 0.75, Q6_K 0.69, Q8_0 0.83 and
+// 0.63 on the Gemma-3 shape; at t = 8 0.86 (Q5_K) to 1.05 (Q8_0). Not
 // measured on an Intel machine since. The hint must be a constant where the
 // prefetch is issued: choosing it per call (T1 for few tokens, T0 for many)
 // made GCC drop every prefetch.
