@@ -49,8 +49,8 @@ def test_head_at_the_maximum_equals_one_thread(head_file, rng):
     if not counts_threads:
         pytest.skip("results checked; the thread count needs /proc/self/task (Linux)")
     # Idle for about a second, the workers beyond the default count's
-    # (default_threads - 1, which the pool keeps) exit: they must not live
-    # until exit, where 255 sleeping threads crashed LeakSanitizer's scan.
+    # (default_threads - 1, which the pool keeps) exit: a process that once
+    # ran MAX threads must not keep them sleeping until it exits.
     bound = before + muser.build_info()["default_threads"]
     deadline = time.monotonic() + 10  # a hang guard: the wait ends when the count drops
     while _thread_count() > bound and time.monotonic() < deadline:

@@ -307,8 +307,9 @@ int exit_checks() {
   return 0;
 }
 
-// A worker ending while the process exits can race LeakSanitizer's exit-time
-// scan (thread_pool.cpp); the exit handler rules it out. The check runs in a
+// A worker ending while the process exits would race the exit handlers,
+// LeakSanitizer's scan among them (thread_pool.cpp); the exit handler rules it
+// out. The check runs in a
 // forked child, the pool's exit state being one-way, from a parent that has
 // started no thread (each test is its own process under ctest).
 TEST(ThreadPool, NoWorkerEndsWhileTheProcessExits) {

@@ -17,20 +17,17 @@
 // default thread count uses) retire after kIdleRetire without a seat: each
 // moves itself from the pool's workers to its retired list under the mutex
 // and exits; the next job, or the process's exit, joins it. A process that
-// once ran threads=256 does not carry 255 sleeping threads until exit (they
-// made LeakSanitizer's exit-time scan crash), and a later job simply starts
-// workers again. The baseline never retires, so a head at the default count
+// once ran threads=256 does not carry 255 sleeping threads until exit, and a
+// later job simply starts workers again. The baseline never retires, so a head at the default count
 // never pays for starting threads twice.
 //
 // Exit: no thread of ours is ending while the process exits. A process that
-// exits within a second of a many-thread job had its workers retiring (and
-// tearing down their thread-local storage) while LeakSanitizer's exit-time
-// scan stopped the world: a teardown racing the scan's tracer, one suspected
-// cause of its intermittent crashes (google/sanitizers#1353; CI hit such a
-// crash on 2026-12-04, its trigger unconfirmed). An exit handler, registered
-// when the library loads and so run before the sanitizer's (atexit runs in
-// reverse), stops retirement and joins the workers that already retired; the
-// rest sleep.
+// exits within a second of a many-thread job would otherwise have workers
+// retiring (tearing down their thread-local storage) while exit handlers,
+// LeakSanitizer's scan among them, run. An exit handler, registered when the
+// library loads and so run before the sanitizer's (atexit runs in reverse),
+// stops retirement and joins the workers that already retired; the rest
+// sleep.
 //
 // fork(): only the forking thread exists in the child. The workers are gone
 // and the pool's mutex may be held by a thread that no longer exists (a fork
