@@ -78,7 +78,7 @@ step "ASan+UBSan: the Python tests with the sanitizer runtime preloaded, LeakSan
 LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
 ASAN_OPTIONS="$asan_opts:malloc_context_size=4:detect_stack_use_after_return=0" \
 LSAN_OPTIONS="suppressions=$PWD/tests/lsan-python.supp:print_suppressions=0" UBSAN_OPTIONS=$ubsan_opts \
-  build/venv-asan/bin/python -m pytest -q --capture=sys -p no:cacheprovider tests 2>&1 | tee build/asan-python.log
+  build/venv-asan/bin/python -m pytest -q --capture=sys -p no:cacheprovider tests
 
 step "fuzz: the seed corpus written by tests/test_fuzz_corpus.py into build/fuzz-corpus"
 rm -rf build/fuzz-corpus

@@ -309,9 +309,9 @@ int exit_checks() {
 
 // A worker ending while the process exits would race the exit handlers,
 // LeakSanitizer's scan among them (thread_pool.cpp); the exit handler rules it
-// out. The check runs in a
-// forked child, the pool's exit state being one-way, from a parent that has
-// started no thread (each test is its own process under ctest).
+// out. The check runs in a forked child, the pool's exit state being one-way,
+// from a parent that has started no thread (each test is its own process
+// under ctest).
 TEST(ThreadPool, NoWorkerEndsWhileTheProcessExits) {
   MUSER_SKIP_FORK_UNDER_TSAN();
   if (process_threads() < 0) GTEST_SKIP() << "counts threads in /proc/self/task (Linux only)";

@@ -18,8 +18,8 @@
 // moves itself from the pool's workers to its retired list under the mutex
 // and exits; the next job, or the process's exit, joins it. A process that
 // once ran threads=256 does not carry 255 sleeping threads until exit, and a
-// later job simply starts workers again. The baseline never retires, so a head at the default count
-// never pays for starting threads twice.
+// later job simply starts workers again. The baseline never retires, so a
+// head at the default count never pays for starting threads twice.
 //
 // Exit: no thread of ours is ending while the process exits. A process that
 // exits within a second of a many-thread job would otherwise have workers
