@@ -542,14 +542,16 @@ def test_fifty_load_step_del_cycles_return_device_memory_to_its_baseline(head_fi
 # ---- batches (issue 14): every kernel tier of t, on every weight type, bit for bit ----
 # t = 2..8: the staged q8 kernel; 9..32: its batch tiers (2, 4 token tiles per warp; the
 # streamed kernel where a tier's activations do not fit whole: WIDE_HEADS below);
-# from 65 on the Q4_K/Q5_K batches of an sm_90 device take the wgmma kernel (launches of
-# 128 tokens, computed as 32, 64 or a multiple of 16, and a last part of fewer than 65 on
-# the kernels above: 65, 90, 100, 128, 129, 192, 200 and 256 end a launch in every way),
+# from 49 on the Q4_K/Q5_K batches of an sm_90 device take the wgmma kernels (launches of
+# 128 tokens; a launch of 49..80 on the warp-specialized kernel, computed as 64 or 80, one
+# of 81..128 on the two-warpgroup kernel, computed as a multiple of 16; a last part of
+# fewer than 49 on the kernels above: 50, 64, 65, 90, 100, 128, 129, 192, 200 and 256 end
+# a launch in every way),
 # the other types and devices launches of 32 (64 for Q6_K); the canonical route: its 1..64
 # tiles, and on the seed's hidden size tiles of 8 (x of more tokens does not fit shared
 # memory whole)
 
-BATCH_TOKENS = (1, 2, 3, 8, 15, 16, 17, 33, 64, 65, 90, 100, 128, 129, 192, 200, 256)
+BATCH_TOKENS = (1, 2, 3, 8, 15, 16, 17, 33, 50, 64, 65, 90, 100, 128, 129, 192, 200, 256)
 
 
 @pytest.mark.parametrize("weight_type", Q8_TYPES)

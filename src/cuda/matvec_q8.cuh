@@ -1117,15 +1117,23 @@ bool launch_matvec_q8_stream(const Q8Args& a, cudaStream_t stream) {
   return true;
 }
 
-// Batches of Q4_K/Q5_K on Hopper (matvec_q8_wgmma_sm90a.cu): from kQ8WgmmaMinTokens
-// tokens on, launches of up to kQ8WgmmaChunk tokens whose integer sums run on wgmma
-// (a last part of fewer than kQ8WgmmaMinTokens runs on the mma.sync kernels).
-// 65: at 64 tokens of the seed head it ties the streamed kernel's two launches (753
-// against 755 us), at 48 it loses (738 against 624), at 96 it wins (859 against 1,122;
-// docs/performance.md).
+// Batches of Q4_K/Q5_K on Hopper (matvec_q8_wgmma_sm90a.cu): from q8_wgmma_min_tokens()
+// tokens on, launches of up to kQ8WgmmaChunk tokens whose integer sums run on wgmma (a
+// last part below it runs on the mma.sync kernels). Launches of kQ8WsMinTokens ...
+// kQ8WsMaxTokens take the warp-specialized kernel (decoder and math warpgroups): t = 64
+// 646 against 751 us on the streamed kernel, t = 80 683 against 846 on the two-warpgroup
+// one; at 32 it loses (519 against 385). Launches of 81 ... 128 take the two-warpgroup
+// kernel, whose threshold alone was 65 (at 64 it tied the streamed kernel, 753 against
+// 755 us; at 48 it lost, 738 against 624; docs/performance.md).
 constexpr int kQ8WgmmaMinTokens = 65;
 constexpr int kQ8WgmmaChunk = 128;
-// the threshold in force (MUSER_Q8_WGMMA=0 turns the kernel off, =<t> moves it, for measuring)
+constexpr int kQ8WsMinTokens = 49;
+constexpr int kQ8WsMaxTokens = 80;
+// whether launches of kQ8WsMinTokens ... kQ8WsMaxTokens take the warp-specialized
+// kernel (MUSER_Q8_WS=0: the two-warpgroup kernel from kQ8WgmmaMinTokens on, for measuring)
+bool q8_ws_enabled();
+// the threshold in force: kQ8WsMinTokens, or kQ8WgmmaMinTokens without the warp-specialized
+// kernel (MUSER_Q8_WGMMA=0 turns the kernels off, =<t> moves it, for measuring)
 int q8_wgmma_min_tokens();
 // whether t tokens of a `type` weight go to the wgmma kernel on the current device
 bool q8_wgmma_ready(uint32_t type, int t);

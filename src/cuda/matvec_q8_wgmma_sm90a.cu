@@ -26,6 +26,8 @@
 //     (q8_block_step, q8_block_step_exact) over the row's blocks in order.
 // What bounds it (two warps a scheduler at 255 registers, the decode and the
 // chains' instruction latency, not the tensor cores): docs/performance.md.
+// Launches of 49 ... 80 tokens run the same steps with the decode in warpgroups of
+// its own (matvec_q8_wgmma_ws_kernel, below).
 //
 // Activations. quantize_acts_q8 also writes every token's quants, mins halves
 // and scales in the layout the wgmma operands read (q8_wgmma_relayout_kernel),
@@ -58,6 +60,11 @@ namespace {
 // a token's block in the activations' layout: 256 quants, the mins' 16 f16 halves, dx
 constexpr int kWgMinsBytes = 16 * 2, kWgDxBytes = 4;
 constexpr int kWgTokBytes = kQK_K + kWgMinsBytes + kWgDxBytes;
+// the block of N tokens a stage holds: quants, then the mins halves, then dx (offsets)
+template <int N>
+struct WgActs {
+  static constexpr int kBytes = N * kWgTokBytes, kMins = N * kQK_K, kDx = N * (kQK_K + kWgMinsBytes);
+};
 // the shared memory a CTA takes, all that an sm_90 part lets one opt in to (227 KB)
 constexpr size_t kWgSmemBudget = 232448;
 }  // namespace
@@ -78,8 +85,8 @@ template <bool kHigh, int N>
 struct WgLayout {
   static constexpr int kBlockBytes = Q8DecKQuant<kHigh>::kBlockBytes;
   static constexpr int kRaw = kWgCtaRows * kBlockBytes;  // the CTA's rows' block: 8 row tiles
-  static constexpr int kActs = N * kWgTokBytes;          // the tokens' block: quants, mins, dx
-  static constexpr int kMins = N * kQK_K, kDx = N * (kQK_K + kWgMinsBytes);  // offsets in kActs
+  static constexpr int kActs = WgActs<N>::kBytes;  // the tokens' block: quants, mins, dx
+  static constexpr int kMins = WgActs<N>::kMins, kDx = WgActs<N>::kDx;
   static constexpr int kStage = kRaw + kActs;
   static constexpr int kPlanes = 2 * 2 * kWgPlaneBytes;  // [warpgroup][hi, lo]
   // as many stages as the H100/H200's 227 KB a CTA hold (2 at 128 tokens, 3 at 80..112,
@@ -269,14 +276,106 @@ struct WgStep {
   }
 };
 
+// One step of a warpgroup's 64 rows: isum = 8 * (hi plane . x) + (lo plane . x), exact
+// in int32, and msum in f32, exactly, on the tensor cores; then the CPU's chains into
+// sum_q and sum_m. xs: the tokens' block (quants, mins halves, dx); da: the hi plane's
+// descriptor (the lo plane kWgPlaneBytes on). planes_read() runs once the last wgmma
+// that reads the planes has completed.
+template <int N, class PlanesRead>
+__device__ __forceinline__ void wg_block_step(uint64_t da, const uint8_t* xs, const KScales (&ks)[2],
+                                              const uint32_t (&am)[4], int q, float (&sum_q)[N / 2],
+                                              float (&sum_m)[N / 2], PlanesRead planes_read) {
+  constexpr int R = N / 2;  // accumulators a thread: rows G, G + 8 x tokens 8j + 2q, + 1
+  // up to 64 tokens the hi and lo planes accumulate apart and every wgmma of a step is
+  // one group (one wait); beyond, the registers hold one accumulator, x 8 between the planes
+  constexpr bool kSplit = N <= 64;
+  // descriptors step by their 16-byte address units: k-step j of a plane is 2,048 bytes on,
+  // of the activations 256; the lo plane kWgPlaneBytes after the hi one
+  constexpr uint64_t kLoPlane = kWgPlaneBytes >> 4;
+  const uint64_t bx = smem_desc(xs, 128, 2048), bm = smem_desc(xs + WgActs<N>::kMins, 128, 256);
+  int acc[R], acc_lo[kSplit ? R : 1];
+  float msum[R];
+  wgmma_fence();
+  if constexpr (kSplit) {
+    // two accumulators in turn: independent chains in the tensor pipe
+    Wgmma<N>::u8s8_first(acc, da, bx);
+    Wgmma<N>::u8s8_first(acc_lo, da + kLoPlane, bx);
+#pragma unroll
+    for (int j = 1; j < 8; ++j) {
+      Wgmma<N>::u8s8(acc, da + 128 * j, bx + 16 * j, 1);
+      Wgmma<N>::u8s8(acc_lo, da + kLoPlane + 128 * j, bx + 16 * j, 1);
+    }
+    Wgmma<N>::f16(msum, am, bm);
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_operands(acc);
+    fence_operands(acc_lo);
+    fence_operands(msum);
+    planes_read();
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = acc[i] * 8 + acc_lo[i];
+  } else {
+    Wgmma<N>::u8s8_first(acc, da, bx);
+#pragma unroll
+    for (int j = 1; j < 8; ++j) Wgmma<N>::u8s8(acc, da + 128 * j, bx + 16 * j, 1);
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_operands(acc);
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] <<= 3;
+    wgmma_fence();
+    fence_operands(acc);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) Wgmma<N>::u8s8(acc, da + kLoPlane + 128 * j, bx + 16 * j, 1);
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_operands(acc);
+    planes_read();
+  }
+  const float* dx = reinterpret_cast<const float*>(xs + WgActs<N>::kDx);
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+    const float2 d2 = *reinterpret_cast<const float2*>(dx + 8 * j + 2 * q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      sum_q[4 * j + i] = q8_block_step(sum_q[4 * j + i], (i & 1) ? d2.y : d2.x, ks[i >> 1].d, acc[4 * j + i]);
+  }
+  if constexpr (!kSplit) {  // the mins' wgmma after the chain: its accumulators take acc's registers
+    wgmma_fence();
+    Wgmma<N>::f16(msum, am, bm);
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_operands(msum);
+  }
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+    const float2 d2 = *reinterpret_cast<const float2*>(dx + 8 * j + 2 * q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      sum_m[4 * j + i] = q8_block_step_exact(sum_m[4 * j + i], (i & 1) ? d2.y : d2.x, ks[i >> 1].dmin, msum[4 * j + i]);
+  }
+}
+
+// The logits of a warpgroup thread's (row, token) pairs: rows row0 and row0 + 8 (from
+// the thread's first), tokens 8j + 2q and + 1; rows and tokens past the call's unstored.
+template <int N>
+__device__ __forceinline__ void wg_store_rows(const Q8Call& a, int64_t row0, int q, const float (&sum_q)[N / 2],
+                                              const float (&sum_m)[N / 2]) {
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int k = 8 * j + 2 * q + (i & 1);
+      const int64_t row = row0 + 8 * (i >> 1);
+      if (k < a.t && row < a.rows) a.y[k * a.ldy + row] = q8_kquant45_result(sum_q[4 * j + i], sum_m[4 * j + i]);
+    }
+}
+
 template <bool kHigh, int N>
 __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a) {
   using L = WgLayout<kHigh, N>;
   constexpr int S = L::kStages;
-  constexpr int R = N / 2;  // accumulators a thread: rows G, G + 8 x tokens 8j + 2q, + 1
-  // up to 64 tokens the hi and lo planes accumulate apart and every wgmma of a step is
-  // one group (one wait); at 128 the registers hold one accumulator, x 8 between the planes
-  constexpr bool kSplit = N <= 64;
+  constexpr int R = N / 2;  // accumulators a thread (wg_block_step)
   extern __shared__ __align__(128) uint8_t smem_wg[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_wg + L::kBars);
   int* released = reinterpret_cast<int*>(smem_wg + L::kBars + 8 * S);
@@ -335,10 +434,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
     for (int k = 0; k < S; ++k) issue_acts(WgStep{}.after(k, blocks), k);
 
   uint8_t* const planes = smem_wg + g * 2 * kWgPlaneBytes;
-  // descriptors step by their 16-byte address units: k-step j of a plane is 2,048 bytes on,
-  // of the activations 256; the lo plane kWgPlaneBytes after the hi one
   const uint64_t da = smem_desc(planes, 1024, 128);
-  constexpr uint64_t kLoPlane = kWgPlaneBytes >> 4;
   const int hrow = g * kWgRows + warp * 16 + G;  // the CTA row of this thread's first accumulators
   int s = 0;
   uint32_t phase = 0;
@@ -367,68 +463,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
       fence_proxy_async();
       warpgroup_sync(g);
 
-      // isum = 8 * (hi plane . x) + (lo plane . x), exact in int32; msum in f32, exactly
-      const uint64_t bx = smem_desc(xs, 128, 2048), bm = smem_desc(xs + L::kMins, 128, 256);
-      int acc[R], acc_lo[kSplit ? R : 1];
-      float msum[R];
-      wgmma_fence();
-      if constexpr (kSplit) {
-        // two accumulators in turn: independent chains in the tensor pipe
-        Wgmma<N>::u8s8_first(acc, da, bx);
-        Wgmma<N>::u8s8_first(acc_lo, da + kLoPlane, bx);
-#pragma unroll
-        for (int j = 1; j < 8; ++j) {
-          Wgmma<N>::u8s8(acc, da + 128 * j, bx + 16 * j, 1);
-          Wgmma<N>::u8s8(acc_lo, da + kLoPlane + 128 * j, bx + 16 * j, 1);
-        }
-        Wgmma<N>::f16(msum, am, bm);
-        wgmma_commit();
-        wgmma_wait_all();
-        fence_operands(acc);
-        fence_operands(acc_lo);
-        fence_operands(msum);
-#pragma unroll
-        for (int i = 0; i < R; ++i) acc[i] = acc[i] * 8 + acc_lo[i];
-      } else {
-        Wgmma<N>::u8s8_first(acc, da, bx);
-#pragma unroll
-        for (int j = 1; j < 8; ++j) Wgmma<N>::u8s8(acc, da + 128 * j, bx + 16 * j, 1);
-        wgmma_commit();
-        wgmma_wait_all();
-        fence_operands(acc);
-#pragma unroll
-        for (int i = 0; i < R; ++i) acc[i] <<= 3;
-        wgmma_fence();
-        fence_operands(acc);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          Wgmma<N>::u8s8(acc, da + kLoPlane + 128 * j, bx + 16 * j, 1);
-        wgmma_commit();
-        wgmma_wait_all();
-        fence_operands(acc);
-      }
-      const float* dx = reinterpret_cast<const float*>(xs + L::kDx);
-#pragma unroll
-      for (int j = 0; j < N / 8; ++j) {
-        const float2 d2 = *reinterpret_cast<const float2*>(dx + 8 * j + 2 * q);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          sum_q[4 * j + i] = q8_block_step(sum_q[4 * j + i], (i & 1) ? d2.y : d2.x, ks[i >> 1].d, acc[4 * j + i]);
-      }
-      if constexpr (!kSplit) {  // the mins' wgmma after the chain: its accumulators take acc's registers
-        wgmma_fence();
-        Wgmma<N>::f16(msum, am, bm);
-        wgmma_commit();
-        wgmma_wait_all();
-        fence_operands(msum);
-      }
-#pragma unroll
-      for (int j = 0; j < N / 8; ++j) {
-        const float2 d2 = *reinterpret_cast<const float2*>(dx + 8 * j + 2 * q);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          sum_m[4 * j + i] = q8_block_step_exact(sum_m[4 * j + i], (i & 1) ? d2.y : d2.x, ks[i >> 1].dmin, msum[4 * j + i]);
-      }
+      wg_block_step<N>(da, xs, ks, am, q, sum_q, sum_m, [] {});
 
       // the stage is read: the last of the CTA's 8 warps to finish it refills it, S steps
       // on. A warp is done with it once its own reads are and its wgmma waits have
@@ -445,15 +480,206 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
 
       if (++s == S) s = 0, phase ^= 1;
     }
-    const int64_t row0 = (blockIdx.x + (int64_t)n * gridDim.x) * kWgCtaRows + hrow;
-#pragma unroll
-    for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int k = 8 * j + 2 * q + (i & 1);
-        const int64_t row = row0 + 8 * (i >> 1);
-        if (k < a.t && row < a.rows) a.y[k * a.ldy + row] = q8_kquant45_result(sum_q[4 * j + i], sum_m[4 * j + i]);
+    wg_store_rows<N>(a, (blockIdx.x + (int64_t)n * gridDim.x) * kWgCtaRows + hrow, q, sum_q, sum_m);
+  }
+}
+
+// ---------------------------------------------------------------- warp-specialized
+
+// Launches of 49 ... 80 tokens: the same steps with the work split by kind over four
+// warpgroups, so that one step's decode overlaps another's products and chains instead of
+// every warp doing them in turn:
+//   - warpgroups 0 and 1 decode, each one half of the CTA's rows (64): per step it waits
+//     for the half's raw block (its own ring of stages, bulk copies its thread 0
+//     issues), decodes it into a plane buffer (two, in turn) beside the rows' 16-byte
+//     headers and tells the half's math warpgroup; they run on 64 registers (setmaxnreg);
+//   - warpgroups 2 and 3 multiply and chain, each its half, on the registers the
+//     decoders gave back (192); they free a plane buffer once its last wgmma has read
+//     it, and the last of their 8 warps to finish an activation stage refills it.
+// Two plane buffers and two decoders' rings leave room for 80 tokens (kWsMaxTokens).
+// What bounds it is shared memory: the planes are written and read once each, and the
+// activations read once per plane and warpgroup (Nsight Compute at t = 80: L1/shared
+// 88 % busy; docs/performance.md). From 81 tokens on the two-warpgroup kernel above,
+// whose decode serves more tokens, is faster.
+constexpr int kWsMaxTokens = kQ8WsMaxTokens;
+constexpr int kWsHeaderBytes = 16;
+constexpr int kWsThreads = 4 * 128;
+constexpr int kWsDecodeRegs = 64, kWsMathRegs = 192;  // 2 x 64 + 2 x 192 = 4 x 128, what the launch gives
+
+template <bool kHigh, int N>
+struct WsLayout {
+  static constexpr int kBlockBytes = Q8DecKQuant<kHigh>::kBlockBytes;
+  static constexpr int kHalfRaw = kWgRows * kBlockBytes;  // one half's rows' block
+  static constexpr int kPlaneBuf = 2 * 2 * kWgPlaneBytes + kWgCtaRows * kWsHeaderBytes;  // [half][hi, lo], headers
+  static constexpr int kActs = WgActs<N>::kBytes;
+  static constexpr int kMins = WgActs<N>::kMins, kDx = WgActs<N>::kDx;
+  // two raw stages a decoder, then as many activation stages as fit (up to 4), then raw
+  // stages up to 6 a decoder
+  static constexpr int kActsFit = (int)((kWgSmemBudget - 2 * kPlaneBuf - 2 * 2 * kHalfRaw - 256) / kActs);
+  static constexpr int kActsStages = kActsFit < 4 ? kActsFit : 4;
+  static constexpr int kFit = (int)((kWgSmemBudget - 2 * kPlaneBuf - kActsStages * kActs - 256) / (2 * kHalfRaw));
+  static constexpr int kRawStages = kFit < 6 ? kFit : 6;
+  static constexpr int kRaw0 = 2 * kPlaneBuf + kActsStages * kActs;
+  static constexpr int kBars = kRaw0 + 2 * kRawStages * kHalfRaw;
+  // raw_full[2][kRawStages], acts_full[kActsStages], planes_full[4], planes_empty[4], released[kActsStages]
+  static constexpr size_t kSmem = (size_t)kBars + 8 * (2 * kRawStages + kActsStages + 8) + 4 * kActsStages;
+  static_assert(N <= kWsMaxTokens && kActsStages >= 2 && kRawStages >= 2, "two stages of each at least");
+  static_assert(kSmem <= kWgSmemBudget, "q8_wgmma_ready checks the device for the budget, not each layout");
+  static_assert(kHalfRaw % 16 == 0 && kActs % 16 == 0 && kPlaneBuf % 128 == 0 && kBars % 8 == 0, "alignment");
+};
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+
+template <bool kHigh, int N>
+__global__ void __launch_bounds__(kWsThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Call a) {
+  using L = WsLayout<kHigh, N>;
+  constexpr int RS = L::kRawStages, SA = L::kActsStages;
+  constexpr int R = N / 2;  // accumulators a thread (wg_block_step)
+  extern __shared__ __align__(128) uint8_t smem_ws[];
+  uint64_t* raw_full = reinterpret_cast<uint64_t*>(smem_ws + L::kBars);  // [half][stage]
+  uint64_t* acts_full = raw_full + 2 * RS;
+  uint64_t* planes_full = acts_full + SA;   // [buffer][half]
+  uint64_t* planes_empty = planes_full + 4;  // [buffer][half]
+  int* released = reinterpret_cast<int*>(planes_empty + 4);
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wt = tid & 127, warp = wt >> 5,
+            lane = tid & 31, G = lane >> 2, q = lane & 3;
+  const int blocks = (int)(a.cols / kQK_K);
+  const int64_t groups = (a.rows + kWgCtaRows - 1) / kWgCtaRows;
+  const int my_groups = (int)((groups - blockIdx.x + gridDim.x - 1) / gridDim.x);  // >= 1: grid <= groups
+  const int steps = my_groups * blocks;
+  const int64_t last_tile = (a.rows + kTileRows - 1) / kTileRows - 1;
+  const int64_t T = a.wg_tokens;
+  const uint8_t* const mins = a.wg + blocks * T * kQK_K;
+  const uint8_t* const dxs = mins + blocks * T * kWgMinsBytes;
+  auto plane_buf = [&](int p) { return smem_ws + p * L::kPlaneBuf; };
+  auto headers = [&](int p) { return plane_buf(p) + 2 * 2 * kWgPlaneBytes; };
+  auto raw_stage = [&](int h, int slot) { return smem_ws + L::kRaw0 + (h * RS + slot) * L::kHalfRaw; };
+
+  // half h of step s into its decoder's stage `slot`: the half's 4 row tiles
+  auto issue_raw = [&](int h, int s, int slot) {
+    if (s >= steps) return;
+    const int n = s / blocks, b = s - n * blocks;
+    uint8_t* st = raw_stage(h, slot);
+    uint64_t* bar = &raw_full[h * RS + slot];
+    mbar_expect_tx(bar, L::kHalfRaw);
+    const int64_t tile0 = (blockIdx.x + (int64_t)n * gridDim.x) * (kWgCtaRows / kTileRows) + h * (kWgRows / kTileRows);
+#pragma unroll 1
+    for (int i = 0; i < kWgRows / kTileRows; ++i) {
+      const int64_t tile = tile0 + i < last_tile ? tile0 + i : last_tile;  // past the last: never stored
+      bulk_copy(st + i * kTileRows * L::kBlockBytes,
+                a.w + tile * kTileRows * a.row_bytes + (int64_t)b * kTileRows * L::kBlockBytes,
+                kTileRows * L::kBlockBytes, bar);
+    }
+  };
+  auto issue_acts = [&](int s, int slot) {
+    if (s >= steps) return;
+    const int b = s % blocks;
+    uint8_t* st = smem_ws + 2 * L::kPlaneBuf + slot * L::kActs;
+    const int64_t at = (int64_t)b * T + a.wg_k0;
+    mbar_expect_tx(&acts_full[slot], L::kActs);
+    bulk_copy(st, a.wg + at * kQK_K, N * kQK_K, &acts_full[slot]);
+    bulk_copy(st + L::kMins, mins + at * kWgMinsBytes, N * kWgMinsBytes, &acts_full[slot]);
+    bulk_copy(st + L::kDx, dxs + at * kWgDxBytes, N * kWgDxBytes, &acts_full[slot]);
+  };
+
+  if (tid == 0) {
+    for (int k = 0; k < 2 * RS; ++k) mbar_init(&raw_full[k], 1);
+    for (int k = 0; k < SA; ++k) {
+      mbar_init(&acts_full[k], 1);
+      released[k] = 0;
+    }
+    for (int k = 0; k < 4; ++k) {
+      mbar_init(&planes_full[k], 1);
+      mbar_init(&planes_empty[k], 4);  // a warp of the half's math warpgroup each
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  pdl_launch_dependents();
+
+  if (wg < 2) {  // ------------------------------------------------ the decoder of half h
+    setmaxnreg_dec<kWsDecodeRegs>();
+    const int h = wg;
+    if (wt == 0) {
+      for (int k = 0; k < RS; ++k) issue_raw(h, k, k);  // the weight depends on no earlier kernel
+      if (h == 0) {
+        pdl_wait();  // the activations are the previous kernel's output
+        for (int k = 0; k < SA; ++k) issue_acts(k, k);
       }
+    }
+    int slot = 0;
+    uint32_t rphase = 0;
+#pragma unroll 1
+    for (int s = 0; s < steps; ++s) {
+      const int p = s & 1;
+      mbar_wait(&raw_full[h * RS + slot], rphase);
+      mbar_wait(&planes_empty[2 * p + h], ((s >> 1) & 1) ^ 1);  // a fresh barrier passes parity 1
+      const uint8_t* raw = raw_stage(h, slot);
+      uint8_t* planes = plane_buf(p) + h * 2 * kWgPlaneBytes;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int item = wt + 128 * k, r = item >> 2, u = item & 3;
+        wg_decode<kHigh>(raw + r * L::kBlockBytes, planes, r, u);
+      }
+      if (wt < kWgRows)
+        *reinterpret_cast<uint4*>(headers(p) + (h * kWgRows + wt) * kWsHeaderBytes) =
+            *reinterpret_cast<const uint4*>(raw + wt * L::kBlockBytes);
+      fence_proxy_async();
+      warpgroup_sync(h);  // the half's planes are written and its raw stage is read
+      if (wt == 0) {
+        mbar_arrive(&planes_full[2 * p + h]);
+        issue_raw(h, s + RS, slot);
+      }
+      if (++slot == RS) slot = 0, rphase ^= 1;
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------ the math of half g
+  setmaxnreg_inc<kWsMathRegs>();
+  const int g = wg - 2;
+  const int hrow = g * kWgRows + warp * 16 + G;  // the CTA row of this thread's first accumulators
+  int sa = 0, s = 0;
+  uint32_t aphase = 0;
+#pragma unroll 1
+  for (int n = 0; n < my_groups; ++n) {
+    float sum_q[R], sum_m[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) sum_q[i] = sum_m[i] = 0.0f;
+#pragma unroll 1
+    for (int b = 0; b < blocks; ++b, ++s) {
+      const int p = s & 1;
+      const uint8_t* xs = smem_ws + 2 * L::kPlaneBuf + sa * L::kActs;
+      mbar_wait(&acts_full[sa], aphase);
+      mbar_wait(&planes_full[2 * p + g], (s >> 1) & 1);
+      const uint8_t* hdr = headers(p);
+      const KScales ks[2] = {KScales(*reinterpret_cast<const uint4*>(hdr + hrow * kWsHeaderBytes)),
+                             KScales(*reinterpret_cast<const uint4*>(hdr + (hrow + 8) * kWsHeaderBytes))};
+      uint32_t am[4];
+      kquant_mins_f16_frag(ks, q, am);
+      const uint64_t da = smem_desc(plane_buf(p) + g * 2 * kWgPlaneBytes, 1024, 128);
+      wg_block_step<N>(da, xs, ks, am, q, sum_q, sum_m, [&] {
+        __syncwarp();  // every lane's header reads and plane wgmma are done: the planes are free
+        if (lane == 0) mbar_arrive(&planes_empty[2 * p + g]);
+      });
+      // the activation stage is read: the last of the 8 math warps to finish it refills it
+      if (lane == 0) {
+        __threadfence_block();
+        if ((atomicAdd(&released[sa], 1) & 7) == 7) issue_acts(s + SA, sa);
+      }
+      if (++sa == SA) sa = 0, aphase ^= 1;
+    }
+    wg_store_rows<N>(a, (blockIdx.x + (int64_t)n * gridDim.x) * kWgCtaRows + hrow, q, sum_q, sum_m);
   }
 }
 
@@ -499,6 +725,15 @@ void launch_wgmma(const Q8Call& a, cudaStream_t stream) {
                     a.rows, kWgCtaRows, stream, "matvec_q8_wgmma");
 }
 
+template <bool kHigh, int N>
+void launch_ws(const Q8Call& a, cudaStream_t stream) {
+  using L = WsLayout<kHigh, N>;
+  Q8Call args = a;
+  void* params[] = {&args};
+  launch_persistent(reinterpret_cast<const void*>(&matvec_q8_wgmma_ws_kernel<kHigh, N>), params, kWsThreads,
+                    L::kSmem, a.rows, kWgCtaRows, stream, "matvec_q8_wgmma_ws");
+}
+
 template <bool kHigh>
 void launch_wgmma_tokens(const Q8Call& a, cudaStream_t stream) {
   switch (wg_tokens(a.t)) {
@@ -514,11 +749,19 @@ void launch_wgmma_tokens(const Q8Call& a, cudaStream_t stream) {
 }  // namespace
 #endif  // MUSER_CUDA_WGMMA
 
+bool q8_ws_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MUSER_Q8_WS");
+    return !e || std::atoi(e) != 0;
+  }();
+  return on;
+}
+
 int q8_wgmma_min_tokens() {
   // MUSER_Q8_WGMMA=0 turns the kernel off, MUSER_Q8_WGMMA=<t> moves its threshold (for measuring)
   static const int min_t = [] {
     const char* e = std::getenv("MUSER_Q8_WGMMA");
-    if (!e) return kQ8WgmmaMinTokens;
+    if (!e) return q8_ws_enabled() ? kQ8WsMinTokens : kQ8WgmmaMinTokens;
     const int v = std::atoi(e);
     return v <= 0 ? INT_MAX : v;
   }();
@@ -558,6 +801,13 @@ void matvec_q8_wgmma(const Q8Call& a, cudaStream_t stream) {
   if (a.fold.op != EpilogueOp::None) throw DeviceError("matvec_q8_wgmma: no fused node (kQ8FoldMaxTokens)");
   if (a.t > kQ8WgmmaChunk || a.wg_k0 + wg_tokens(a.t) > a.wg_tokens)
     throw DeviceError("matvec_q8_wgmma: a launch past kQ8WgmmaChunk tokens or the activations' layout");
+  if (q8_ws_enabled() && a.t <= kQ8WsMaxTokens) {
+    const bool n64 = wg_tokens(a.t) <= 64;
+    if (a.type == (uint32_t)GgmlType::Q5_K) n64 ? launch_ws<true, 64>(a, stream) : launch_ws<true, 80>(a, stream);
+    else n64 ? launch_ws<false, 64>(a, stream) : launch_ws<false, 80>(a, stream);
+    check_launch("matvec_q8_wgmma_ws");
+    return;
+  }
   if (a.type == (uint32_t)GgmlType::Q5_K) launch_wgmma_tokens<true>(a, stream);
   else launch_wgmma_tokens<false>(a, stream);
   check_launch("matvec_q8_wgmma");
