@@ -623,6 +623,22 @@ def test_wide_heads_bitwise_equal_to_cpu_and_rows_equal_single_steps(wide_head, 
             assert_bitwise(gpu(x[r]), batch[r], f"{name} {acts} row {r} alone vs in a batch of {t}")
 
 
+# more row groups than an H200 has SMs (40,003 rows: 313 groups of 128 over 132 CTAs), so
+# the persistent wgmma kernels walk two or three groups a CTA and their rings run on
+# across groups: every wgmma launch shape (49..80 decoder warpgroups, 81..128 two, a
+# last part on the mma.sync kernels) bit for bit
+@pytest.mark.parametrize("weight_type", ("Q5_K", "Q4_K"))
+def test_q8_batches_of_several_row_groups_per_cta_bitwise_equal_to_cpu(heads_dir, weight_type):
+    hidden = 512
+    path = write_head_gguf(heads_dir / f"groups-{weight_type}.gguf", hidden=hidden, vocab=40003,
+                           weight_type=weight_type, seed=37, random_quants=True)
+    cpu = muser.Head.load(path, device="cpu", route="canonical", acts="q8")
+    gpu = muser.Head.load(path, device="cuda", route="canonical", acts="q8")
+    for t in (49, 80, 81, 128, 177, 208):
+        x = hidden_states(hidden, t, seed=800 + t)
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 t={t} over 40,003 rows")
+
+
 def test_the_cuda_bench_runs_every_route_on_a_small_head(capsys):
     # bench/cuda_head.py on a small shape: it must find each route's matvec in the profile
     # ("lm_head", or "lm_head+softcap" where the fused q8 matvec stores through the cap)
