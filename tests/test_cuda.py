@@ -639,6 +639,51 @@ def test_q8_batches_of_several_row_groups_per_cta_bitwise_equal_to_cpu(heads_dir
         assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 t={t} over 40,003 rows")
 
 
+@pytest.mark.parametrize("weight_type", ("Q5_K", "Q4_K", "Q6_K", "Q8_0"))
+def test_selection_inside_the_q8_matvec_ranks_as_the_logits_do(heads_dir, weight_type):
+    # On the fused q8 route, calls of up to 16 tokens select inside the matvec: argmax
+    # entirely (the logits are never written; the launch's last CTA writes the ids), top-k's
+    # chunk bests (k <= 40, the 40,003 rows' chunks; Q5_K/Q4_K/Q8_0). Both must rank as that
+    # route's own logits do -- ties to the lowest id, NaN last -- over several row groups a
+    # CTA, call after call as t, k and the calls in between change (t = 17 and k = 41 take
+    # the kernels after the matvec).
+    import gguf
+
+    hidden, vocab = SHAPES[weight_type], 40003
+    w = np.random.default_rng(41).standard_normal((vocab, hidden), dtype=np.float32) * np.float32(0.02)
+    w[[9, 31000, 39999]] = w[20000] = w[9] * 2  # four identical rows: token 0 (below) points at them
+    path = write_head_gguf(heads_dir / f"argmax-{weight_type}.gguf", hidden=hidden, vocab=vocab,
+                           weight_type=weight_type, weight=w, seed=41)
+    if weight_type == "Q8_0":  # row 9's block scales NaN: its logits are NaN, ranked last
+        t = next(t for t in gguf.GGUFReader(path).tensors if t.name == "output.weight")
+        row_bytes = hidden // 32 * 34
+        with open(path, "r+b") as f:
+            for b in range(hidden // 32):
+                f.seek(int(t.data_offset) + 9 * row_bytes + 34 * b)
+                f.write(np.float16(np.nan).tobytes())
+    gpu = muser.Head.load(path, device="cuda", route="fused", acts="q8")
+    toward = np.ascontiguousarray(w[9] * 40.0, dtype=np.float32)
+    held = []
+    for i, t in enumerate((1, 3, 8, 16, 17, 2, 1, 9)):
+        x = hidden_states(hidden, t, seed=900 + t)
+        x[0] = toward  # token 0 points at the tied rows
+        logits = gpu(x, check_finite=False).copy()
+        if weight_type == "Q8_0":
+            assert np.isnan(logits[:, 9]).all()
+        want = np.asarray(_core.argmax_rows(logits), dtype=np.int64)
+        assert want[0] == (20000 if weight_type == "Q8_0" else 9)
+        got = gpu.argmax(x)
+        assert np.array_equal(got, want), f"{weight_type} t={t}: {got} against {want}"
+        assert gpu.argmax(x[0]) == want[0]
+        for k in (1, 4, 40, 41):
+            vals, ids, _ = gpu.topk(x, k)
+            want_ids, want_vals = _core.topk_rows(logits, k)
+            assert np.array_equal(ids, np.asarray(want_ids).reshape(t, k)), f"{weight_type} t={t} top-{k}"
+            assert_bitwise(vals, np.asarray(want_vals, dtype=np.float32).reshape(t, k), f"t={t} top-{k} values")
+        if i % 2:
+            held.append(gpu(x, on_device=True))  # the next calls take other pooled buffers
+
+
 def test_the_cuda_bench_runs_every_route_on_a_small_head(capsys):
     # bench/cuda_head.py on a small shape: it must find each route's matvec in the profile
     # ("lm_head", or "lm_head+softcap" where the fused q8 matvec stores through the cap)

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -497,6 +498,8 @@ class CudaDevice final : public Device {
       if (scan) set_scan_word(ex.result_host, kScanPending);
     }
     if (req.k) ensure_select(t, req.k, req.ids_only);
+    if (req.k && slot && !capturing && select_in_matvec(t, req.ids_only ? 0 : req.k))
+      ex.sink = select_sink(*slot, t, req.ids_only, reinterpret_cast<int64_t*>(ex.result_dev + 8), &ex.sink_bests);
     if (req.log_softmax) ensure_log_softmax(t);  // before any capture: a first sizing zeroes and synchronizes
 
     if (slot && !capturing) {
@@ -705,6 +708,24 @@ class CudaDevice final : public Device {
   // step is one node, or its node runs as a kernel after it: kQ8FoldMaxTokens).
   EpilogueFold q8_fold(const Step& st, int t) const {
     return st.count == 2 && t <= kQ8FoldMaxTokens ? epilogue_fold(nodes_[st.first + 1]) : EpilogueFold{};
+  }
+
+  // Whether the call's selection can run inside the route's matvec (Q8Args::select):
+  // a q8 matvec step that ends the route, whose node (if any) it applies itself, in
+  // one launch of at most kQ8FoldMaxTokens tokens; for top-k (k > 0) one group of
+  // rows whose chunk bests topk_threshold_from_bests ranks. Then greedy decoding
+  // never writes the logits, and top-k's first pass over them is gone.
+  // MUSER_SELECT_IN_MATVEC=0 turns it off, for measuring.
+  bool select_in_matvec(int t, int k) const {
+    static const bool on = [] {
+      const char* e = std::getenv("MUSER_SELECT_IN_MATVEC");
+      return !(e && std::atoi(e) == 0);
+    }();
+    if (!on || steps_.empty() || t > kQ8FoldMaxTokens || out_.rows != spec_.vocab) return false;
+    // (Q6_K's only kernel computes no top-k partials: matvec_q8.cuh, Q8ArgmaxAtomic)
+    if (k > 0 && (!topk_bests_fit(spec_.vocab, t, k) || out_.type == (uint32_t)GgmlType::Q6_K)) return false;
+    const Step& last = steps_.back();
+    return is_q8(nodes_[last.first].kind) && (last.count == 1 || q8_fold(last, t).op != EpilogueOp::None);
   }
 
   // The route's element-wise node after the matvec when it is the only one and
@@ -982,12 +1003,12 @@ class CudaDevice final : public Device {
     // run_call's extras: the NaN scan, the selection and its buffers, the results' copy
     bool scan = false, ids_only = false;
     int k = 0;
-    const void *sel = nullptr, *sel_sync = nullptr, *result_dev = nullptr, *result_host = nullptr;
+    const void *sel = nullptr, *sel_sync = nullptr, *result_dev = nullptr, *result_host = nullptr, *sink = nullptr;
     bool operator==(const RouteKey& o) const {
       return t == o.t && x == o.x && normed == o.normed && logits == o.logits && acts_q8 == o.acts_q8 &&
              lsm == o.lsm && lsm_lse == o.lsm_lse && log_softmax == o.log_softmax && scan == o.scan &&
              ids_only == o.ids_only && k == o.k && sel == o.sel && sel_sync == o.sel_sync &&
-             result_dev == o.result_dev && result_host == o.result_host;
+             result_dev == o.result_dev && result_host == o.result_host && sink == o.sink;
     }
   };
   // What score()'s captured graph bakes in.
@@ -1090,6 +1111,8 @@ class CudaDevice final : public Device {
     bool scan = false;         // the NaN scan of x: result bytes [0, 8) get the first bad index (~0: none)
     int k = 0;                 // the k best of each row: ids at result byte 8, then the values
     bool ids_only = false;     // argmax (k == 1)
+    const SelectSink* sink = nullptr;  // the selection (or its partials) inside the route's q8 matvec (select_sink)
+    unsigned long long* sink_bests = nullptr;  // top-k: the sink's chunk bests
     bool fork = false;         // the scan on a side branch of the graph, beside the route
     bool log_softmax = false;
     uint8_t* result_dev = nullptr;   // mapped host memory (MappedHost): the kernels write it
@@ -1142,6 +1165,9 @@ class CudaDevice final : public Device {
     std::shared_ptr<DeviceMemory> mem;
     RouteGraph graphs[6];
     MappedHost results;
+    std::unique_ptr<DeviceMemory> sink;  // select_sink's two SelectSinks, the done word, the keys
+    int sink_t = 0;                      // tokens its keys hold
+    const int64_t* sink_ids = nullptr;   // where its argmax SelectSink points the ids
     cudaStream_t stream = nullptr;  // of the last call that wrote it
     bool async = false;             // that call returned without waiting
     void reset_graphs() {
@@ -1194,8 +1220,49 @@ class CudaDevice final : public Device {
     return small;
   }
 
+  // The slot's selection sinks for t tokens: the argmax one (ids to `ids`, mapped
+  // memory) or the top-k one (its chunk bests in *bests). Laid out as two SelectSinks,
+  // the done word, the argmax keys [t], the chunk bests [t x chunks], all zero as
+  // the kernels leave them; rewritten only when it grows or the ids move (a
+  // synchronous copy, rare).
+  const SelectSink* select_sink(LogitsSlot& slot, int t, bool argmax, int64_t* ids, unsigned long long** bests) {
+    constexpr size_t kDone = 2 * sizeof(SelectSink), kKeys = kDone + 8;
+    const int64_t chunks = topk_chunks(spec_.vocab);
+    auto* base = slot.sink ? static_cast<uint8_t*>(slot.sink->ptr) : nullptr;
+    auto* keys = reinterpret_cast<unsigned long long*>(base + kKeys);
+    auto header = [&](int i, SelectSink h) {
+      h.done = reinterpret_cast<unsigned*>(base + kDone);
+      check(cudaMemcpy(base + i * sizeof(SelectSink), &h, sizeof h, cudaMemcpyHostToDevice), "cudaMemcpy (selection sink)");
+    };
+    if (!slot.sink || slot.sink_t < t) {
+      slot.sink.reset();
+      slot.sink = std::make_unique<DeviceMemory>(kKeys + 8 * (size_t)t * (1 + (size_t)chunks), ordinal_, "selection keys");
+      check(cudaMemset(slot.sink->ptr, 0, slot.sink->bytes), "cudaMemset (selection keys)");
+      base = static_cast<uint8_t*>(slot.sink->ptr);
+      keys = reinterpret_cast<unsigned long long*>(base + kKeys);
+      slot.sink_t = t;
+      slot.sink_ids = nullptr;
+      SelectSink topk;
+      topk.best = keys + t;
+      topk.chunks = chunks;
+      header(1, topk);
+    }
+    *bests = keys + slot.sink_t;
+    if (!argmax) return reinterpret_cast<const SelectSink*>(base + sizeof(SelectSink));
+    if (slot.sink_ids != ids) {
+      SelectSink h;
+      h.best = keys;
+      h.ids = ids;
+      header(0, h);
+      slot.sink_ids = ids;
+    }
+    return reinterpret_cast<const SelectSink*>(base);
+  }
+
   // Launches one step on the stream (the stream order is the barrier).
-  void enqueue(const Step& st, const float* x, float* normed, float* logits, int t) {
+  // sink: the q8 matvec step's selection (the route's last step; select_in_matvec).
+  void enqueue(const Step& st, const float* x, float* normed, float* logits, int t,
+               const SelectSink* sink = nullptr) {
     const Node& n = nodes_[st.first];
     const int64_t H = spec_.hidden, V = spec_.vocab, nl = (int64_t)t * V;
     switch (n.kind) {
@@ -1210,6 +1277,7 @@ class CudaDevice final : public Device {
         // the reference kind runs the q8 definition too: this kernel is bit-equal to the CPU's scalar one
         Q8Call q = q8_args(t, logits);
         q.fold = q8_fold(st, t);
+        q.select = sink;
         quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
         matvec_q8(q, stream_);
         if (st.count == 2 && q.fold.op == EpilogueOp::None) enqueue_epilogue(nodes_[st.first + 1], logits, nl);
@@ -1286,12 +1354,16 @@ class CudaDevice final : public Device {
     } else if (ex.scan) {
       first_nonfinite(x, n, first_bad, scan_sync(), stream_);
     }
-    for (const Step& st : steps_) enqueue(st, x, normed, logits, t);
+    for (const Step& st : steps_) enqueue(st, x, normed, logits, t, &st == &steps_.back() ? ex.sink : nullptr);
     if (ex.log_softmax) enqueue_log_softmax(logits, t);
-    if (ex.k) {
+    if (ex.k && !(ex.sink && ex.ids_only)) {  // argmax in the matvec is done
       auto* ids = reinterpret_cast<int64_t*>(ex.result_dev + 8);
       auto* vals = reinterpret_cast<float*>(ex.result_dev + 8 + (size_t)t * ex.k * sizeof(int64_t));
-      enqueue_select(logits, t, ex.k, ex.ids_only, ids, vals);
+      if (ex.sink)  // the chunk bests came from the matvec
+        topk_threshold_from_bests(logits, spec_.vocab, t, ex.k, ex.sink_bests, sel_.mem->ptr,
+                                  static_cast<unsigned*>(sel_sync_.mem->ptr), ids, vals, stream_);
+      else
+        enqueue_select(logits, t, ex.k, ex.ids_only, ids, vals);
     }
     if (ex.scan && ex.fork) join_scan();
   }
@@ -1361,6 +1433,7 @@ class CudaDevice final : public Device {
     if (ex.k && !ex.ids_only && !topk_threshold_fits(spec_.vocab, t, ex.k)) key.sel = topk_scratch_.mem->ptr;
     key.result_dev = ex.result_dev;
     key.result_host = ex.result_host;
+    key.sink = ex.sink;
     if (g.exec && g.key == key) return g.exec;
     cudaGraph_t graph = capture_graph(x, normed, logits, t, false, ex);
     if (g.exec) {

@@ -77,11 +77,29 @@ bool matvec_supports(uint32_t type);
 // ---- matvec_q8.cu: acts="q8", the CPU's q8 mode bit for bit (matvec_q8.cuh) ----
 // Whether acts="q8" has a kernel for a weight type (Q4_K, Q5_K, Q6_K, Q8_0).
 bool q8_supported(uint32_t type);
+// The call's selection inside the q8 matvec (launches of at most
+// kQ8FoldMaxTokens tokens), each logit taken through the fused node as its key
+// (logit_keys.cuh: larger, then the lower id, NaN last). Two kinds:
+//  - argmax (ids set): the keys fold into best[token] instead of being stored,
+//    so the logits are never written; the launch's last CTA writes ids[token]
+//    and leaves best and done zero, as it found them;
+//  - top-k partials (ids null): the logits are stored, and each 1,024-id chunk's
+//    best key folds into best[token * chunks + chunk] -- what topk_threshold's
+//    first kernel computes -- which topk_threshold_from_bests reads and zeroes.
+// In device memory: Q8Args holds a pointer to it (three pointers more in Q8Args
+// made the streamed kernel spill).
+struct SelectSink {
+  unsigned long long* best = nullptr;  // zero before the launch
+  unsigned* done = nullptr;            // argmax: CTAs finished, zero before the launch
+  int64_t* ids = nullptr;              // argmax: [t] the argmax of each token's logits
+  int64_t chunks = 0;                  // top-k: chunks a token (sel_chunks(V))
+};
 struct Q8Args : WeightArgs, Q8ActsKargs {
   const int8_t* xq = nullptr;     // [t x xq_pitch] quantized activations, zero past cols
   const uint8_t* meta = nullptr;  // [t x meta_per_token] block records (matvec_q8.cuh)
   const uint8_t* meta_f16 = nullptr;  // Q4_K/Q5_K: the same sums as f16 halves, [t x meta_per_token] x 48 bytes
   EpilogueFold fold;              // the element-wise node fused into the matvec, applied as each logit is stored
+  const SelectSink* select = nullptr;  // the call's selection (argmax: the logits go to it, not to y)
 };
 // A q8 matvec call: the kernels' arguments and, where the wgmma kernel takes the
 // call (Q4_K/Q5_K batches on sm_90), the same activations in its layout. Apart
@@ -126,6 +144,17 @@ bool topk_threshold_fits(int64_t V, int t, int k);
 size_t topk_threshold_scratch_bytes(int64_t V, int t);
 void topk_threshold(const float* logits, int64_t V, int t, int k, void* scratch, unsigned* sync, int64_t* ids,
                     float* vals, cudaStream_t stream);
+// Whether the q8 matvec computes topk_threshold's chunk bests for (V, t, k)
+// (SelectSink, top-k partials): one group of rows whose bests one CTA ranks.
+bool topk_bests_fit(int64_t V, int t, int k);
+// topk_threshold with each row's chunk bests already in bests [t x sel_chunks(V)]
+// (the matvec's partials); its kernel zeroes them again.
+void topk_threshold_from_bests(const float* logits, int64_t V, int t, int k, unsigned long long* bests, void* scratch,
+                               unsigned* sync, int64_t* ids, float* vals, cudaStream_t stream);
+// The chunks topk_threshold splits a row of V logits into (kSelChunk ids each).
+int64_t topk_chunks(int64_t V);
+// log2 of the ids a chunk holds
+constexpr int kTopkChunkShift = 10;
 
 // ---- vocab_reduce.cu: the consumer's reductions over the vocabulary (muser/logsumexp.h) ----
 // Bytes of one (max, sum) pair of a tile.

@@ -283,6 +283,8 @@ Q8Call q8_tokens(const Q8Call& a, int k0, int count) {
 }
 
 void matvec_q8(const Q8Call& a, cudaStream_t stream) {
+  if (a.select && a.t > kQ8FoldMaxTokens)  // one launch whose tiles fold (store_q8_tile)
+    throw DeviceError("matvec_q8: a selection in the matvec takes at most kQ8FoldMaxTokens tokens");
   if (a.wg && a.t >= q8_wgmma_min_tokens()) {  // laid out by quantize_acts_q8 where the device takes the kernel
     // launches of kQ8WgmmaChunk tokens; a last part below the threshold takes the mma.sync
     // kernels, which are faster there (t = 129: 128 + 1 tokens, the one at t = 1's cost)

@@ -48,6 +48,7 @@
 #pragma once
 #include "epilogue.cuh"
 #include "kernels.h"
+#include "logit_keys.cuh"
 #include "matvec.cuh"
 #include "muser/q8_step.h"
 
@@ -657,18 +658,137 @@ __device__ __forceinline__ void fold_q8_tile(const EpilogueFold& e, float (&y)[N
   });
 }
 
+// The call's selection (Q8Args::select, kernels.h's SelectSink). Argmax: a lane's
+// best key of each of its tile's tokens, nt * 8 + 2q + j, over the rows of every
+// tile it has finished -- Q8ArgmaxRun: in registers, reduced once at the end of
+// the launch (an atomic per warp and tile, all on one address at t = 1, made the
+// staged matvec 11 us slower); Q8ArgmaxAtomic: those atomics, for the register
+// kernel, whose Q6_K instances spill with the run's registers. Top-k partials: an
+// atomic per warp, tile and token on its chunk's best (64 tiles a chunk); not in
+// the Q6_K register kernel (kPartials false: its t = 9..16 instance spilled with
+// them), so the device never asks Q6_K for them (select_in_matvec).
+template <int NT>
+struct Q8ArgmaxRun {
+  static constexpr bool kHeld = true, kPartials = true;
+  unsigned long long best[NT][2] = {};
+};
+template <int NT, bool kTopkPartials>
+struct Q8ArgmaxAtomic {
+  static constexpr bool kHeld = false, kPartials = kTopkPartials;
+};
+
+// The best key of token nt * 8 + 2q + j over the tile's 16 rows and `best`, in
+// every lane of the token's pair (same q): the 8 lanes G = 0..7 hold rows r, r + 8.
+template <int NT>
+__device__ __forceinline__ unsigned long long tile_best_key(const Q8Args& a, const float (&y)[NT][4], int nt, int j,
+                                                            int q, int64_t r, unsigned long long best) {
+  const int k = nt * 8 + 2 * q + j;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // none past the weight's rows or t
+    const int64_t row = r + 8 * h;
+    const unsigned long long key = k < a.t && row < a.rows ? logit_key(y[nt][2 * h + j], row) : 0ull;
+    best = key > best ? key : best;
+  }
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+    const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
+    best = o > best ? o : best;
+  }
+  return best;
+}
+
+// Argmax: the lane's logits of a (row, token) tile, laid out as store_q8_tile's,
+// into the run instead of memory.
+template <int NT, class Run>
+__device__ __forceinline__ void argmax_q8_tile(const Q8Args& a, const float (&y)[NT][4], int q, int64_t r, Run& run) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if constexpr (Run::kHeld) {
+        run.best[nt][j] = tile_best_key<NT>(a, y, nt, j, q, r, run.best[nt][j]);
+      } else {
+        const unsigned long long best = tile_best_key<NT>(a, y, nt, j, q, r, 0ull);
+        if ((threadIdx.x & 31) < 4 && best) atomicMax(a.select->best + nt * 8 + 2 * q + j, best);
+      }
+    }
+}
+
+// Top-k partials: the tile's best key of each token into its chunk's (the tile's
+// 16 rows lie in one chunk: row tiles start at multiples of 16).
+template <int NT>
+__device__ __forceinline__ void topk_bests_q8_tile(const Q8Args& a, const float (&y)[NT][4], int q, int64_t r) {
+  const SelectSink& sink = *a.select;
+  unsigned long long* chunk = sink.best + (r >> kTopkChunkShift);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const unsigned long long best = tile_best_key<NT>(a, y, nt, j, q, r, 0ull);
+      if ((threadIdx.x & 31) < 4 && best) atomicMax(chunk + (nt * 8 + 2 * q + j) * sink.chunks, best);
+    }
+}
+
+// Argmax: the CTA's best key of each token, from its lanes' runs, into the sink.
+template <int NT>
+__device__ __forceinline__ void flush_argmax_q8(const Q8Args& a, const Q8ArgmaxRun<NT>& run, void* smem) {
+  auto* keys = static_cast<unsigned long long*>(smem);  // [warps][8 * NT]
+  const int warps = (int)(blockDim.x >> 5), warp = (int)(threadIdx.x >> 5), q = (int)(threadIdx.x & 31);
+  __syncthreads();  // every warp is done with the shared memory
+  if (q < 4)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) keys[warp * 8 * NT + nt * 8 + 2 * q + j] = run.best[nt][j];
+  __syncthreads();
+  if ((int)threadIdx.x < a.t) {
+    unsigned long long best = 0;
+    for (int w = 0; w < warps; ++w) best = keys[w * 8 * NT + threadIdx.x] > best ? keys[w * 8 * NT + threadIdx.x] : best;
+    if (best) atomicMax(a.select->best + threadIdx.x, best);
+  }
+}
+
+// The end of a launch with an argmax sink (every thread calls it, after its last
+// tile; smem: the kernel's dynamic shared memory, free by then). The CTA's best
+// key of each token goes to the sink; the launch's last CTA to get here -- a
+// ticket after a fence, so every CTA's keys are in -- writes each token's id and
+// leaves the keys and the ticket zero for the next launch.
+template <int NT, class Run>
+__device__ __forceinline__ void finish_argmax_q8(const Q8Args& a, const Run& run, void* smem) {
+  static_assert(8 * NT <= kQ8FoldMaxTokens, "a sink takes launches of at most kQ8FoldMaxTokens tokens");
+  if (!a.select || !a.select->ids) return;
+  if constexpr (Run::kHeld) flush_argmax_q8<NT>(a, run, smem);
+  __threadfence();
+  // (no shared flag: the kernels' dynamic shared memory may take all a CTA has)
+  if (!__syncthreads_or(threadIdx.x == 0 && atomicAdd(a.select->done, 1u) == gridDim.x - 1)) return;
+  __threadfence();
+  const SelectSink sink = *a.select;
+  for (int k = threadIdx.x; k < a.t; k += blockDim.x)
+    sink.ids[k] = (int64_t)logit_key_id(atomicExch(sink.best + k, 0ull));
+  if (threadIdx.x == 0) *sink.done = 0;
+}
+
 // Stores the lane's logits of a (row, token) tile: y[nt][i] is token nt*8 + 2q + (i & 1)
 // of row r + 8*(i >> 1) (the mma C fragment) -- first through the route's
 // element-wise node when the route fuses it into the matvec (fold_q8_tile; it
 // was a rewrite of the stored logits, an L2 round trip per logit: Gemma-3's
 // t = 8 and 16 were 4 and 7 % slower, t = 1 no different). Tiles of more
 // than kQ8FoldMaxTokens tokens leave the node to a kernel of its own.
-template <int NT>
-__device__ __forceinline__ void store_q8_tile(const Q8Args& a, float (&y)[NT][4], int q, int64_t r) {
+template <int NT, class Run>
+__device__ __forceinline__ void store_q8_tile(const Q8Args& a, float (&y)[NT][4], int q, int64_t r, Run& run) {
   if constexpr (8 * NT > kQ8FoldMaxTokens) {
-    if (a.fold.op != EpilogueOp::None) __trap();  // the caller runs the node as a kernel (kQ8FoldMaxTokens)
+    // the caller runs the node as a kernel (kQ8FoldMaxTokens), and argmax after it (matvec_q8 refuses a selection here)
+    if (a.fold.op != EpilogueOp::None) __trap();
   } else {
     fold_q8_tile<NT>(a.fold, y);
+    if (a.select) {
+      if (a.select->ids) {  // argmax: nothing stored
+        argmax_q8_tile<NT, Run>(a, y, q, r, run);
+        return;
+      }
+      if constexpr (Run::kPartials) topk_bests_q8_tile<NT>(a, y, q, r);
+      else __trap();  // select_in_matvec asks no top-k partials of this kernel
+    }
   }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -682,15 +802,15 @@ __device__ __forceinline__ void store_q8_tile(const Q8Args& a, float (&y)[NT][4]
 
 // The lane's logits of a tile from its chains (q8_kquant45_result for the K-quants
 // with mins), stored through the route's node (store_q8_tile).
-template <class Dec, int NT>
+template <class Dec, int NT, class Run>
 __device__ __forceinline__ void finish_q8_tile(const Q8Args& a, float (&acc_q)[NT][4], const float (&acc_m)[NT][4],
-                                               int q, int64_t r) {
+                                               int q, int64_t r, Run& run) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       acc_q[nt][i] = Dec::kMins ? q8_kquant45_result(acc_q[nt][i], acc_m[nt][i]) : acc_q[nt][i];
-  store_q8_tile<NT>(a, acc_q, q, r);
+  store_q8_tile<NT, Run>(a, acc_q, q, r, run);
 }
 
 template <class Dec, int NT>
@@ -721,6 +841,7 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
     stage_q8<Dec, 2>(xs, ms, a, 0, chunk_cols, pitch, TT, TT);
     __syncthreads();
   }
+  Q8ArgmaxAtomic<NT, !std::is_same_v<Dec, Q8DecQ6K>> run;  // argmax (Q8Args::select): straight to the sink
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
     const int64_t row0 = (g * kMatvecWarps + warp) * kQ8RowsPerWarp;
     float acc_q[NT][4], acc_m[NT][4];
@@ -755,8 +876,9 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
       if (++uc == units_per_chunk) uc = 0;
     }
 
-    finish_q8_tile<Dec, NT>(a, acc_q, acc_m, q, row0 + G);
+    finish_q8_tile<Dec, NT, decltype(run)>(a, acc_q, acc_m, q, row0 + G, run);
   }
+  if constexpr (8 * NT <= kQ8FoldMaxTokens) finish_argmax_q8<NT, decltype(run)>(a, run, smem_q8);  // larger tiles take no sink
 }
 
 // ---------------------------------------------------------------- the staged kernel (t <= 8, Q4_K/Q5_K/Q8_0)
@@ -917,6 +1039,7 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
 
   int rd = 0;      // stage read this unit
   int wr = S - 1;  // stage filled this unit
+  Q8ArgmaxRun<NT> run;  // argmax's best keys (Q8Args::select)
   for (int64_t n = 0; n < my_groups; ++n) {
     const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kWarps + warp) * kQ8RowsPerWarp;
     float acc_q[NT][4], acc_m[NT][4];
@@ -946,9 +1069,10 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
       wr = wr == S - 1 ? 0 : wr + 1;
       if (++uc == units_per_chunk) uc = 0;
     }
-    finish_q8_tile<Dec, NT>(a, acc_q, acc_m, q, row0 + G);
+    finish_q8_tile<Dec, NT, decltype(run)>(a, acc_q, acc_m, q, row0 + G, run);
   }
   cp_async_wait<0>();  // no copy is left in flight at exit (the last ones are empty groups)
+  if constexpr (8 * NT <= kQ8FoldMaxTokens) finish_argmax_q8<NT, decltype(run)>(a, run, smem_q8);  // larger tiles take no sink
 }
 
 // ---------------------------------------------------------------- the streamed batch kernel (8 < t <= 32)
@@ -1055,6 +1179,7 @@ __global__ void __launch_bounds__(Q8StreamLayout<Dec>::kThreads, 1) matvec_q8_st
   const int x_lane = G * L::kXPitch + Dec::kLaneBytes * q;
   const int rec_lane = 2 * q * L::kRecPitch, rec_b_lane = G * L::kRecPitch + 8 * q;
   int rd = 0, wr = S - 1;  // the stage computed this unit, the stage filled this unit
+  Q8ArgmaxRun<NT> run;  // argmax's best keys (Q8Args::select)
   for (int64_t n = 0; n < my_groups; ++n) {
     const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kWarps + warp) * kQ8RowsPerWarp;
     float acc_q[NT][4], acc_m[NT][4];
@@ -1076,9 +1201,10 @@ __global__ void __launch_bounds__(Q8StreamLayout<Dec>::kThreads, 1) matvec_q8_st
       rd = rd == S - 1 ? 0 : rd + 1;
       wr = wr == S - 1 ? 0 : wr + 1;
     }
-    finish_q8_tile<Dec, NT>(a, acc_q, acc_m, q, row0 + G);
+    finish_q8_tile<Dec, NT, decltype(run)>(a, acc_q, acc_m, q, row0 + G, run);
   }
   cp_async_wait<0>();  // no copy is left in flight at exit (the last ones are empty groups)
+  if constexpr (8 * NT <= kQ8FoldMaxTokens) finish_argmax_q8<NT, decltype(run)>(a, run, smem_q8);  // larger tiles take no sink
 }
 
 template <class Dec, class = void>

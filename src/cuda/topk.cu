@@ -101,6 +101,7 @@ void launch_topk(const float* logits, int64_t V, int t, int k, void* scratch, in
 constexpr int kSelThreads = 256;
 constexpr int kSelItems = 4;
 constexpr int kSelChunk = kSelThreads * kSelItems;
+static_assert(kSelChunk == 1 << kTopkChunkShift, "the matvec's partials use the same chunks");
 constexpr int kSelGroupRows = 16;      // rows topk_threshold selects at a time (their candidates: [rows x V] keys)
 constexpr int kSelRankKeys = 512;      // candidates ranked directly (more: a radix select finds the k-th first)
 
@@ -228,16 +229,36 @@ __device__ unsigned long long cta_kth_largest(const unsigned long long* c, unsig
 
 // The keys >= the row's threshold into cand[row] (count[row] of them); the
 // row's last CTA ranks them and writes the k best's ids and exact logits.
+// With bests (the matvec's chunk bests, [rows x gridDim.x]) in place of threshold,
+// each CTA first finds the row's threshold from them itself -- the k-th largest of
+// distinct keys, at most kSelRankKeys -- and the row's last CTA zeroes them.
 __global__ void topk_gather_kernel(const float* logits, int64_t V, int k, const unsigned long long* threshold,
-                                   unsigned long long* cand, unsigned* count, unsigned* done, int64_t* ids,
-                                   float* vals) {
+                                   unsigned long long* bests, unsigned long long* cand, unsigned* count,
+                                   unsigned* done, int64_t* ids, float* vals) {
   pdl_launch_dependents();
   pdl_wait();  // every read below may be of an earlier node's writes (pdl.cuh)
   __shared__ unsigned long long staged[kSelRankKeys];
   __shared__ unsigned n_staged;
+  __shared__ unsigned long long limit_s;
   const int64_t row = blockIdx.y;
   const float* y = logits + row * V;
-  const unsigned long long limit = threshold[row];
+  unsigned long long limit;
+  if (bests) {
+    const unsigned chunks = gridDim.x;
+    const unsigned long long* b = bests + row * chunks;
+    for (unsigned c = threadIdx.x; c < chunks; c += kSelThreads) staged[c] = __ldcg(b + c);
+    __syncthreads();
+    for (unsigned c = threadIdx.x; c < chunks; c += kSelThreads) {
+      const unsigned long long v = staged[c];
+      unsigned above = 0;
+      for (unsigned d = 0; d < chunks; ++d) above += staged[d] > v;
+      if (above == (unsigned)k - 1) limit_s = v;
+    }
+    __syncthreads();
+    limit = limit_s;
+  } else {
+    limit = threshold[row];
+  }
   unsigned long long* c = cand + row * V;
 #pragma unroll
   for (int i = 0; i < kSelItems; ++i) {
@@ -266,6 +287,8 @@ __global__ void topk_gather_kernel(const float* logits, int64_t V, int k, const 
     count[row] = 0;
     done[row] = 0;
   }
+  if (bests)  // every CTA of the row has read them (last_of_row)
+    for (unsigned c = threadIdx.x; c < gridDim.x; c += kSelThreads) bests[row * gridDim.x + c] = 0;
   const unsigned m = n_staged;
   for (unsigned q = threadIdx.x; q < m; q += kSelThreads) {
     const unsigned long long key = staged[q];
@@ -326,8 +349,23 @@ void topk_threshold(const float* logits, int64_t V, int t, int k, void* scratch,
     launch_consumer(chunk_best_kernel<false>, grid, dim3(kSelThreads), 0, stream, "topk_threshold(bests)", y, V, k,
                     best, sync, nullptr, threshold);
     launch_consumer(topk_gather_kernel, grid, dim3(kSelThreads), 0, stream, "topk_threshold(gather)", y, V, k, threshold,
-                    cand, sync + 2 * g, sync + g, ids + (size_t)r0 * k, vals + (size_t)r0 * k);
+                    nullptr, cand, sync + 2 * g, sync + g, ids + (size_t)r0 * k, vals + (size_t)r0 * k);
   }
+}
+
+int64_t topk_chunks(int64_t V) { return sel_chunks(V); }
+
+bool topk_bests_fit(int64_t V, int t, int k) {
+  return topk_threshold_fits(V, t, k) && t <= kSelGroupRows && sel_chunks(V) <= kSelRankKeys;
+}
+
+void topk_threshold_from_bests(const float* logits, int64_t V, int t, int k, unsigned long long* bests, void* scratch,
+                               unsigned* sync, int64_t* ids, float* vals, cudaStream_t stream) {
+  if (!topk_bests_fit(V, t, k)) throw ArgValueError("internal: topk_threshold_from_bests does not take this (V, t, k)");
+  auto* cand = static_cast<unsigned long long*>(scratch) + (size_t)t * sel_chunks(V) + t;  // topk_threshold's layout
+  const dim3 grid((unsigned)sel_chunks(V), (unsigned)t);
+  launch_consumer(topk_gather_kernel, grid, dim3(kSelThreads), 0, stream, "topk_threshold(gather)", logits, V, k,
+                  nullptr, bests, cand, sync + 2 * t, sync + t, ids, vals);
 }
 
 size_t topk_scratch_bytes(int64_t V, int t, int k) { return 2 * (size_t)t * chunks_of(V) * k * 8; }
