@@ -715,11 +715,13 @@ class CudaDevice final : public Device {
   // one launch of at most kQ8FoldMaxTokens tokens; for top-k (k > 0) one group of
   // rows whose chunk bests topk_threshold_from_bests ranks. Then greedy decoding
   // never writes the logits, and top-k's first pass over them is gone.
-  // MUSER_SELECT_IN_MATVEC=0 turns it off, for measuring.
+  // Off unless MUSER_SELECT_IN_MATVEC=1: this version (registers across a lane's
+  // tiles, the top-k partials) has not run on a GPU yet; its first version (an
+  // atomic per tile) passed the CUDA suite and was 11 us slower at t = 1.
   bool select_in_matvec(int t, int k) const {
     static const bool on = [] {
       const char* e = std::getenv("MUSER_SELECT_IN_MATVEC");
-      return !(e && std::atoi(e) == 0);
+      return e && std::atoi(e) != 0;
     }();
     if (!on || steps_.empty() || t > kQ8FoldMaxTokens || out_.rows != spec_.vocab) return false;
     // (Q6_K's only kernel computes no top-k partials: matvec_q8.cuh, Q8ArgmaxAtomic)
