@@ -129,6 +129,24 @@ __device__ int64_t key_id_d(unsigned long long key) {
   return (int64_t)logit_key_id(key);
 }
 
+// topk_threshold's threshold: among a row's chunk bests (global, [chunks]) the one
+// with exactly k - 1 above it, into *out. Every chunk holds a real key, so the bests
+// are distinct and exactly one qualifies. They are compared from shared memory
+// (staged: kSelRankKeys of them; a loop of dependent L2 loads costs microseconds).
+// Every thread of the CTA calls it.
+__device__ void threshold_of_bests(const unsigned long long* row_best, unsigned chunks, int k,
+                                   unsigned long long* staged, unsigned long long* out) {
+  const unsigned n = chunks < (unsigned)kSelRankKeys ? chunks : (unsigned)kSelRankKeys;
+  for (unsigned c = threadIdx.x; c < n; c += kSelThreads) staged[c] = __ldcg(row_best + c);
+  __syncthreads();
+  for (unsigned c = threadIdx.x; c < chunks; c += kSelThreads) {
+    const unsigned long long v = c < n ? staged[c] : __ldcg(row_best + c);
+    int above = 0;
+    for (unsigned d = 0; d < chunks; ++d) above += (d < n ? staged[d] : __ldcg(row_best + d)) > v;
+    if (above == k - 1) *out = v;
+  }
+}
+
 // best[row][chunk] = the chunk's best key; the row's last CTA then writes either
 // the argmax id (kArgmax) or the threshold: the k-th largest of the row's bests.
 template <bool kArgmax, int kItems = kSelItems>
@@ -164,18 +182,8 @@ __global__ void chunk_best_kernel(const float* logits, int64_t V, int k, unsigne
       done[row] = 0;
     }
   } else {
-    // every chunk holds a real key, so the bests are distinct: exactly one has k - 1 above it
-    // (compared from shared memory: a loop of dependent L2 loads costs microseconds)
     __shared__ unsigned long long bests[kSelRankKeys];
-    const unsigned n = chunks < (unsigned)kSelRankKeys ? chunks : (unsigned)kSelRankKeys;
-    for (unsigned c = threadIdx.x; c < n; c += kSelThreads) bests[c] = __ldcg(row_best + c);
-    __syncthreads();
-    for (unsigned c = threadIdx.x; c < chunks; c += kSelThreads) {
-      const unsigned long long v = c < n ? bests[c] : __ldcg(row_best + c);
-      int above = 0;
-      for (unsigned d = 0; d < chunks; ++d) above += (d < n ? bests[d] : __ldcg(row_best + d)) > v;
-      if (above == k - 1) threshold[row] = v;
-    }
+    threshold_of_bests(row_best, chunks, k, bests, threshold + row);
     if (threadIdx.x == 0) done[row] = 0;
   }
 }
@@ -230,8 +238,8 @@ __device__ unsigned long long cta_kth_largest(const unsigned long long* c, unsig
 // The keys >= the row's threshold into cand[row] (count[row] of them); the
 // row's last CTA ranks them and writes the k best's ids and exact logits.
 // With bests (the matvec's chunk bests, [rows x gridDim.x]) in place of threshold,
-// each CTA first finds the row's threshold from them itself -- the k-th largest of
-// distinct keys, at most kSelRankKeys -- and the row's last CTA zeroes them.
+// each CTA first finds the row's threshold from them itself (threshold_of_bests)
+// and the row's last CTA zeroes them.
 __global__ void topk_gather_kernel(const float* logits, int64_t V, int k, const unsigned long long* threshold,
                                    unsigned long long* bests, unsigned long long* cand, unsigned* count,
                                    unsigned* done, int64_t* ids, float* vals) {
@@ -244,16 +252,7 @@ __global__ void topk_gather_kernel(const float* logits, int64_t V, int k, const 
   const float* y = logits + row * V;
   unsigned long long limit;
   if (bests) {
-    const unsigned chunks = gridDim.x;
-    const unsigned long long* b = bests + row * chunks;
-    for (unsigned c = threadIdx.x; c < chunks; c += kSelThreads) staged[c] = __ldcg(b + c);
-    __syncthreads();
-    for (unsigned c = threadIdx.x; c < chunks; c += kSelThreads) {
-      const unsigned long long v = staged[c];
-      unsigned above = 0;
-      for (unsigned d = 0; d < chunks; ++d) above += staged[d] > v;
-      if (above == (unsigned)k - 1) limit_s = v;
-    }
+    threshold_of_bests(bests + row * gridDim.x, gridDim.x, k, staged, &limit_s);
     __syncthreads();
     limit = limit_s;
   } else {
