@@ -715,14 +715,15 @@ class CudaDevice final : public Device {
   // one launch of at most kQ8FoldMaxTokens tokens; for top-k (k > 0) one group of
   // rows whose chunk bests topk_threshold_from_bests ranks. Then greedy decoding
   // never writes the logits, and top-k's first pass over them is gone.
-  // Off unless MUSER_SELECT_IN_MATVEC=1: this version (registers across a lane's
-  // tiles, the top-k partials) has not run on a GPU yet; its first version (an
-  // atomic per tile) passed the CUDA suite and was 11 us slower at t = 1.
+  // On by default for argmax (H100, seed head, t = 1: 8 us less GPU time a call);
+  // top-k's partials only with MUSER_SELECT_IN_MATVEC=1 (measured: docs/performance.md,
+  // "Per-call overhead"); MUSER_SELECT_IN_MATVEC=0 turns both off, for measuring.
   bool select_in_matvec(int t, int k) const {
-    static const bool on = [] {
+    static const int setting = [] {
       const char* e = std::getenv("MUSER_SELECT_IN_MATVEC");
-      return e && std::atoi(e) != 0;
+      return e && *e ? std::atoi(e) : -1;  // -1: the defaults
     }();
+    const bool on = setting < 0 ? k == 0 : setting != 0;
     if (!on || steps_.empty() || t > kQ8FoldMaxTokens || out_.rows != spec_.vocab) return false;
     // (Q6_K's only kernel computes no top-k partials: matvec_q8.cuh, Q8ArgmaxAtomic)
     if (k > 0 && (!topk_bests_fit(spec_.vocab, t, k) || out_.type == (uint32_t)GgmlType::Q6_K)) return false;

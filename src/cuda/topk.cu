@@ -132,13 +132,30 @@ __device__ int64_t key_id_d(unsigned long long key) {
 // topk_threshold's threshold: among a row's chunk bests (global, [chunks]) the one
 // with exactly k - 1 above it, into *out. Every chunk holds a real key, so the bests
 // are distinct and exactly one qualifies. They are compared from shared memory
-// (staged: kSelRankKeys of them; a loop of dependent L2 loads costs microseconds).
+// (staged: kSelRankKeys of them; a loop of dependent L2 loads costs microseconds),
+// two a load and without a branch in the loop where they all fit (the loop with
+// the branch for an unstaged tail was ~9 us of the gather at 198 chunks).
 // Every thread of the CTA calls it.
 __device__ void threshold_of_bests(const unsigned long long* row_best, unsigned chunks, int k,
                                    unsigned long long* staged, unsigned long long* out) {
   const unsigned n = chunks < (unsigned)kSelRankKeys ? chunks : (unsigned)kSelRankKeys;
-  for (unsigned c = threadIdx.x; c < n; c += kSelThreads) staged[c] = __ldcg(row_best + c);
+  const unsigned n2 = (n + 1) & ~1u;  // staged in pairs; the pad key 0 is below every real one
+  for (unsigned c = threadIdx.x; c < n2; c += kSelThreads) staged[c] = c < n ? __ldcg(row_best + c) : 0ull;
   __syncthreads();
+  if (n == chunks) {
+    const auto* pairs = reinterpret_cast<const ulonglong2*>(staged);
+    for (unsigned c = threadIdx.x; c < chunks; c += kSelThreads) {
+      const unsigned long long v = staged[c];
+      unsigned above = 0;
+#pragma unroll 8
+      for (unsigned d = 0; d < n2 / 2; ++d) {
+        const ulonglong2 p = pairs[d];
+        above += (p.x > v) + (p.y > v);
+      }
+      if (above == (unsigned)k - 1) *out = v;
+    }
+    return;
+  }
   for (unsigned c = threadIdx.x; c < chunks; c += kSelThreads) {
     const unsigned long long v = c < n ? staged[c] : __ldcg(row_best + c);
     int above = 0;
@@ -182,7 +199,7 @@ __global__ void chunk_best_kernel(const float* logits, int64_t V, int k, unsigne
       done[row] = 0;
     }
   } else {
-    __shared__ unsigned long long bests[kSelRankKeys];
+    __shared__ __align__(16) unsigned long long bests[kSelRankKeys];
     threshold_of_bests(row_best, chunks, k, bests, threshold + row);
     if (threadIdx.x == 0) done[row] = 0;
   }
@@ -245,7 +262,7 @@ __global__ void topk_gather_kernel(const float* logits, int64_t V, int k, const 
                                    unsigned* done, int64_t* ids, float* vals) {
   pdl_launch_dependents();
   pdl_wait();  // every read below may be of an earlier node's writes (pdl.cuh)
-  __shared__ unsigned long long staged[kSelRankKeys];
+  __shared__ __align__(16) unsigned long long staged[kSelRankKeys];
   __shared__ unsigned n_staged;
   __shared__ unsigned long long limit_s;
   const int64_t row = blockIdx.y;
