@@ -156,9 +156,11 @@ def test_interleaved_calls_each_give_their_first_answer(files):
 
 @pytest.mark.parametrize("route,acts", [("canonical", "f32"), ("fused", "q8")])
 def test_top_k_cut_by_selection_equals_the_host_sampling(files, route, acts):
-    # top_k alone takes topk_threshold's k best of each group of 16 rows where it can (k <= the
-    # row's chunks of 1,024 ids: 147 here) and the sorted order elsewhere (k = 148): every field
-    # equals muser/sample.h over the device's own logits, at t = 20 (groups of 16 and 4) and 10
+    # top_k takes topk_threshold's k best of each group of 16 rows where it can (k <= the
+    # row's chunks of 1,024 ids: 147 here), and top_p, min_p, the kept set's pairs (its tokens
+    # spread over the row's 74 tiles) and the race run over those k alone; the sorted order
+    # elsewhere (k = 148): every field equals muser/sample.h over the device's own logits, at
+    # t = 20 (groups of 16 and 4) and 10
     from muser import _sampling
     path = files("Q8_0", 150000)
     gpu = muser.Head.load(path, device="cuda", route=route, acts=acts)
@@ -168,7 +170,10 @@ def test_top_k_cut_by_selection_equals_the_host_sampling(files, route, acts):
     few = np.zeros(150000, bool)
     few[np.arange(10) * 15001] = True  # fewer allowed tokens than top_k: no cut at all
     for kw in ({"top_k": 1}, {"top_k": 20}, {"top_k": 147}, {"top_k": 148},
-               {"top_k": 20, "temperature": 0.7, "min_p": 0.01}, {"top_k": 20, "allowed": few}):
+               {"top_k": 20, "temperature": 0.7, "min_p": 0.01}, {"top_k": 20, "allowed": few},
+               {"top_k": 20, "top_p": 0.5}, {"top_k": 147, "top_p": 0.9, "temperature": 1.5},
+               {"top_k": 147, "top_p": 0.95, "temperature": 3.0, "min_p": 0.3, "logit_bias": {7: 0.5, 149999: 9.0}},
+               {"top_k": 20, "top_p": 0.7, "allowed": few}):
         params = _sampling.check_params(150000, seed=5, positions=pos, **{
             "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "logit_bias": None, "allowed": None, **kw})
         want = _sampling.sample_logits(logits, False, params, pos.astype(np.uint64))
@@ -229,6 +234,7 @@ SAMPLE_SETTINGS = [
     {"top_p": 0.9},
     {"top_p": 0.999},
     {"top_p": 0.3, "top_k": 100},
+    {"top_p": 0.6, "top_k": 5, "temperature": 0.8},  # top_k by selection, top_p over its 5
     {"min_p": 0.05},
     {"temperature": 1.3, "top_k": 200, "top_p": 0.8, "min_p": 0.02},
     {"temperature": 4.0, "top_p": 0.95},  # flat: the prefix runs past 64 ids

@@ -1,8 +1,9 @@
 """Each kernel of a t = 1 call and the call's GPU span, by torch.profiler (CUPTI):
 
-    python bench/experiments/cuda_call_spans.py head.gguf [--reps 50]
+    python bench/experiments/cuda_call_spans.py head.gguf [--reps 50] [--sample]
 
-For the plain call, `argmax` and `topk(x, 50)` on the fused q8 route: the median
+For the plain call, `argmax` and `topk(x, 50)` on the fused q8 route (with
+--sample: `sample` greedy, top_k 50, top_p 0.9 and both): the median
 over the calls of the span from the call's first kernel start to its last
 kernel end (what the GPU spends on the call, free of the host), and each
 kernel's median time. With programmatic dependent launch on (the default), a
@@ -22,6 +23,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("file")
     p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--sample", action="store_true", help="time head.sample's settings instead")
     args = p.parse_args()
 
     import muser
@@ -32,6 +34,10 @@ def main() -> int:
     x = torch.from_numpy(np.random.default_rng(1).standard_normal((1, head.spec.hidden_size), dtype=np.float32)).cuda()
     calls = [("call", lambda: head(x, on_device=True)), ("argmax", lambda: head.argmax(x)),
              ("topk50", lambda: head.topk(x, 50))]
+    if args.sample:
+        draw = lambda **kw: (lambda: head.sample(x[0], seed=1, positions=5, **kw))  # noqa: E731
+        calls = [("sample greedy", draw(temperature=0.0)), ("sample top_k 50", draw(top_k=50)),
+                 ("sample top_p 0.9", draw(top_p=0.9)), ("sample top_k 50 top_p 0.9", draw(top_k=50, top_p=0.9))]
     for name, fn in calls:
         for _ in range(20):
             fn()

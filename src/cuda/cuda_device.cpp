@@ -879,7 +879,7 @@ class CudaDevice final : public Device {
       sort_bytes = sample_order_scratch_bytes(V, group, id_bits);
       sort_scratch = sample_sort_.ensure(std::max<size_t>(sort_bytes, 8), ordinal_, "the kept-set order's sort");
     }
-    uint8_t* top_p_scratch = top_p ? static_cast<uint8_t*>(sample_top_p_.ensure_zeroed(
+    uint8_t* top_p_scratch = top_p && !select_k ? static_cast<uint8_t*>(sample_top_p_.ensure_zeroed(
         sample_top_p_scratch_bytes(t), ordinal_, "top_p's select", stream_)) : nullptr;  // kept 0
     const float* bias = nullptr;
     const uint8_t* allowed = nullptr;
@@ -943,8 +943,10 @@ class CudaDevice final : public Device {
             else
               sample_order(a, r0, rows, sort_scratch, sort_bytes, stream_);
           }
-          if (top_p) sample_top_p_select(a, 0, t, stream_);  // every row at once
-          sample_kept_pairs(a, 0, t, stream_);
+          if (!select_k) {  // (sample_top_k_by_select draws from the k best itself, top_p and min_p too)
+            if (top_p) sample_top_p_select(a, 0, t, stream_);  // every row at once
+            sample_kept_pairs(a, 0, t, stream_);
+          }
         }
         if (check_x) join_scan();
       }), "cudaGraphInstantiate (sample)");

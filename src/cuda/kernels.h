@@ -246,9 +246,11 @@ inline int sample_order_bits(int id_bits, int rows) {
 void sample_order(const SampleKargs& a, int row0, int rows, void* sort_scratch, size_t sort_bytes,
                   cudaStream_t stream);
 size_t sample_order_scratch_bytes(int64_t V, int rows, int id_bits);
-// top_k's cut without the sort, for rows [row0, row0 + rows) where topk_threshold
-// takes (V, rows, k) (topk_threshold_fits; the graph bakes k = the call's top_k in):
-// the rows' k best z (best_ids, best_z: [rows x k]), the k-th the threshold.
+// The draw of rows [row0, row0 + rows) where topk_threshold takes (V, rows, k)
+// (topk_threshold_fits; the graph bakes k = the call's top_k in), without a sort
+// or a pass over the row after it: the rows' k best z (best_ids, best_z: [rows x k]),
+// then top_p, min_p, the kept set's pairs and the race over those k alone (in
+// place of sample_top_p_select and sample_kept_pairs).
 // select_scratch, select_sync: topk_threshold's, for `rows` rows.
 void sample_top_k_by_select(const SampleKargs& a, int k, int row0, int rows, void* select_scratch,
                             unsigned* select_sync, int64_t* best_ids, float* best_z, cudaStream_t stream);

@@ -6,7 +6,9 @@
 //                  scratch row, the first non-finite z, the top token (first
 //                  largest z), the count of finite z, the logits' canonical
 //                  logsumexp; greedy rows are finished here.
-//   top_k's cut    topk_threshold's k best of each row (sample_top_k_by_select),
+//   top_k's cut    topk_threshold's k best of each row, then sample_kept_best
+//                  (sample_top_k_by_select): top_p, min_p, the pairs and the race
+//                  over those k alone, in place of the two steps below;
 //                  or, for a top_k beyond it, sample_order: each row's tokens
 //                  as one key each in the kept-set order (larger z, then lower
 //                  id; the row in the high bits), one radix sort of a group of
@@ -215,16 +217,187 @@ __global__ void sample_threshold_kernel(SampleKargs a, int row0, int rows) {
   set_top_k_cut(a, k, p.top_k, p.top_k > 0 ? sorted_id(a, sorted_row(a, k, row0)[p.top_k - 1]) : 0);
 }
 
-// One thread per row of a group starting at row0: top_k's cut from
-// topk_threshold's best_k best z of the row (best_ids [rows x best_k], in the
-// kept-set order: larger z, then the lower id), so no sort is needed; best_k
-// is the top_k the graph was built for.
-__global__ void sample_threshold_best_kernel(SampleKargs a, int row0, const int64_t* best_ids, int best_k) {
+// The kept set from topk_threshold's best_k best z of each row (best_ids and
+// best_z [rows x best_k], in the kept-set order: larger z, then the lower id;
+// best_k is the top_k the graph was built for), one CTA a row of a group
+// starting at row0, in place of top_p's select and sample_kept: whatever the
+// cuts keep is among those tokens. They are the finite ones of the k best
+// (all of the row's finite z where top_k does not cut), then top_p's shortest
+// prefix of them reaching its fixed-point mass, then min_p. The kept set's
+// canonical pairs come from its tokens alone: a dropped token's -inf adds
+// nothing to its lane (lse_push), and a pair merged with an empty one is that
+// pair, bit for bit (lse_merge: fmaf(s, 1, 0), 0 * 0 + s), so the lanes,
+// the lanes' butterfly and the tile tree over the kept tokens give the bits of
+// the whole row's; each warp builds tiles' pairs from the tokens of that
+// tile, and join_row joins them.
+constexpr int kKeptBestMax = 512;  // topk_threshold's largest k (topk.cu's kSelRankKeys)
+constexpr int kKeptBestPerThread = kKeptBestMax / kTileThreads;
+
+__global__ void __launch_bounds__(kTileThreads) sample_kept_best_kernel(SampleKargs a, int row0,
+                                                                        const int64_t* best_ids, const float* best_z,
+                                                                        int best_k) {
   pdl_launch_dependents();
+  __shared__ TileSmem sm;
+  __shared__ int ids_s[kKeptBestMax];
+  __shared__ float z_s[kKeptBestMax], x_s[kKeptBestMax];
+  using Scan = cub::BlockScan<unsigned long long, kTileThreads>;
+  __shared__ typename Scan::TempStorage scan;
   const int64_t r = blockIdx.x, k = row0 + r;
+  __shared__ uint64_t position_s;
+  if (threadIdx.x == 0) position_s = a.positions[k];
   const SampleParams p = cta_params(a);
+  const uint64_t position = position_s;
+  SampleRowState& row = a.rows[k];
+  SampleResult& out = a.out[k];
+  const float* x = a.x + k * a.V;
+  const float neg_inf = lse_neg_inf();
+  const int tiles = (int)((a.V + kLseTile - 1) / kLseTile);
+  const bool ok = out.status == kSampleOk;  // else sample_prep's verdict stands
+  const float m = row_top_z(a, k);
+
+  // this thread's candidates: ranks j = threadIdx.x * kKeptBestPerThread + i of the order
+  int id[kKeptBestPerThread];
+  float zj[kKeptBestPerThread];
+  bool kept[kKeptBestPerThread];
+  unsigned long long w[kKeptBestPerThread];
+#pragma unroll
+  for (int i = 0; i < kKeptBestPerThread; ++i) {
+    const int j = threadIdx.x * kKeptBestPerThread + i;
+    kept[i] = false;
+    id[i] = 0;
+    zj[i] = neg_inf;
+    if (ok && j < best_k) {
+      id[i] = (int)best_ids[r * best_k + j];
+      zj[i] = best_z[r * best_k + j];
+      kept[i] = zj[i] != neg_inf;
+    }
+    w[i] = kept[i] && p.top_p < 1.0f ? sample_top_p_weight(zj[i], m) : 0ull;
+  }
+  if (p.top_p < 1.0f) {  // the shortest prefix whose mass reaches ceil(top_p * S) (sample_top_p_count)
+    unsigned long long mine = 0, before, total;
+#pragma unroll
+    for (int i = 0; i < kKeptBestPerThread; ++i) mine += w[i];
+    Scan(scan).ExclusiveSum(mine, before, total);
+    const unsigned long long target = sample_top_p_target(total, p.top_p);
+    unsigned long long c = before;
+#pragma unroll
+    for (int i = 0; i < kKeptBestPerThread; ++i) {
+      const int j = threadIdx.x * kKeptBestPerThread + i;
+      if (j > 0 && c >= target) kept[i] = false;  // the prefix before it reached the target already
+      c += w[i];
+    }
+  }
+  // min_p, then the kept tokens into shared memory in increasing id (a token's
+  // place: the kept ids below it; ids are distinct)
+  __shared__ unsigned count_s;
+  if (threadIdx.x == 0) count_s = 0;
+  __syncthreads();
+  int slot[kKeptBestPerThread];
+#pragma unroll
+  for (int i = 0; i < kKeptBestPerThread; ++i) {
+    if (kept[i] && p.min_p > 0.0f && canon_exp_nonpos(zj[i] - m) < p.min_p) kept[i] = false;
+    slot[i] = kept[i] ? (int)atomicAdd(&count_s, 1u) : -1;
+    if (slot[i] >= 0) ids_s[slot[i]] = id[i];  // unsorted for now
+  }
+  __syncthreads();
+  const int n = (int)count_s;
+  unsigned long long race = 0;
+#pragma unroll
+  for (int i = 0; i < kKeptBestPerThread; ++i) {
+    if (slot[i] < 0) continue;
+    int below = 0;
+    for (int q = 0; q < n; ++q) below += ids_s[q] < id[i];
+    slot[i] = below;
+    const float key = sample_race_key(zj[i], m, p.seed, position, id[i]);
+    const unsigned long long packed = logit_key(key, id[i]);  // ranked as a logit: larger, then lower id
+    race = packed > race ? packed : race;
+  }
+  race = cta_max<kTileThreads>(race);  // (its barriers: every thread has read ids_s)
+#pragma unroll
+  for (int i = 0; i < kKeptBestPerThread; ++i)
+    if (slot[i] >= 0) {
+      ids_s[slot[i]] = id[i];
+      z_s[slot[i]] = zj[i];
+      x_s[slot[i]] = x[id[i]];
+    }
+  __syncthreads();
+
+  // each tile's pairs (lse_tile: lane l pushes the tile's kept ids = l (mod 32) in
+  // increasing id, then the butterfly). A tile without a kept token is empty; with
+  // one, it is that token's lane pair, which the butterfly's merges with empty lanes
+  // leave as it is; a warp builds each tile of several.
+  const bool z_pair = a.kept_z_pair, raw_pair = a.kept_raw_pair;
+  const int lane = threadIdx.x % kCanonLanes, warp = threadIdx.x / kCanonLanes;
+  LsePair* const zpairs = a.pairs_a + k * tiles;
+  LsePair* const xpairs = a.pairs_b + k * tiles;
+  for (int tile = threadIdx.x; tile < tiles; tile += kTileThreads) zpairs[tile] = xpairs[tile] = lse_empty();
+  __shared__ int2 runs[kKeptBestMax / 2];  // [first, end) of the sorted kept tokens of a tile holding several
+  __shared__ unsigned n_runs;
+  if (threadIdx.x == 0) n_runs = 0;
+  __syncthreads();  // (the empty pairs are written before any tile's own)
+  for (int q = threadIdx.x; q < n; q += kTileThreads) {
+    const int tile = ids_s[q] / kLseTile;
+    if (q > 0 && ids_s[q - 1] / kLseTile == tile) continue;  // not the first of its tile
+    int end = q + 1;
+    while (end < n && ids_s[end] / kLseTile == tile) ++end;
+    if (end == q + 1) {
+      zpairs[tile] = lse_push(lse_empty(), z_s[q]);
+      xpairs[tile] = lse_push(lse_empty(), x_s[q]);
+    } else {
+      runs[atomicAdd(&n_runs, 1u)] = make_int2(q, end);
+    }
+  }
+  __syncthreads();
+  for (int u = warp; u < (int)n_runs; u += kTileWarps) {
+    const int2 run = runs[u];
+    LsePair zp = lse_empty(), xp = lse_empty();
+    for (int q = run.x; q < run.y; ++q)
+      if (ids_s[q] % kCanonLanes == lane) {
+        zp = lse_push(zp, z_s[q]);
+        xp = lse_push(xp, x_s[q]);
+      }
+    for (int off = kCanonLanes / 2; off >= 1; off >>= 1) {  // lane l joins lane l + off (canon_tree32)
+      LsePair oz, ox;
+      oz.m = __shfl_down_sync(0xffffffffu, zp.m, off);
+      oz.s = __shfl_down_sync(0xffffffffu, zp.s, off);
+      ox.m = __shfl_down_sync(0xffffffffu, xp.m, off);
+      ox.s = __shfl_down_sync(0xffffffffu, xp.s, off);
+      if (lane < off) {
+        zp = lse_merge(zp, oz);
+        xp = lse_merge(xp, ox);
+      }
+    }
+    if (lane == 0) {
+      const int tile = ids_s[run.x] / kLseTile;
+      zpairs[tile] = zp;
+      xpairs[tile] = xp;
+    }
+  }
+  __syncthreads();  // every tile's pairs are written (join_row reads them through L2)
+  // the two tile trees at once, in warps 0 and 1
+  __shared__ TileSmem sm_raw;
+  __shared__ LsePair roots[2];
+  if (warp == 0 && z_pair) {
+    const LsePair root = join_row(zpairs, tiles, sm);
+    if (lane == 0) roots[0] = root;
+  }
+  if (warp == 1 && raw_pair) {
+    const LsePair root = join_row(xpairs, tiles, sm_raw);
+    if (lane == 0) roots[1] = root;
+  }
+  __syncthreads();
   if (threadIdx.x != 0) return;
-  set_top_k_cut(a, k, p.top_k, (int)best_ids[r * best_k + best_k - 1]);
+  const LsePair kept_pair = z_pair ? roots[0] : lse_empty(), raw_root = raw_pair ? roots[1] : lse_empty();
+  if (ok) {
+    out.token = (int32_t)logit_key_id(race);
+    const float zt = a.z[k * a.V + out.token];
+    out.processed_logprob = zt - (z_pair ? lse_value(kept_pair) : row.row_lse);
+    const float d = (raw_pair ? lse_value(raw_root) : row.row_lse) - row.row_lse;  // sample_raw_side
+    out.logprob = x[out.token] - row.row_lse;
+    out.kept_mass = canon_exp_nonpos(d < 0.0f ? d : 0.0f);
+  }
+  a.result[k] = out;  // the row's last kernel
+  row = SampleRowState{};
 }
 
 // The kept set (the order cut, min_p): the pairs of its z and of its raw
@@ -616,9 +789,10 @@ void sample_order(const SampleKargs& a, int row0, int rows, void* sort_scratch, 
 
 void sample_top_k_by_select(const SampleKargs& a, int k, int row0, int rows, void* select_scratch,
                             unsigned* select_sync, int64_t* best_ids, float* best_z, cudaStream_t stream) {
+  if (k > kKeptBestMax) throw ArgValueError("internal: sample_top_k_by_select takes k <= 512");
   topk_threshold(a.z + (int64_t)row0 * a.V, a.V, rows, k, select_scratch, select_sync, best_ids, best_z, stream);
-  launch_consumer(sample_threshold_best_kernel, dim3((unsigned)rows), dim3(32), 0, stream, "sample_threshold", a,
-                  row0, (const int64_t*)best_ids, k);
+  launch_consumer(sample_kept_best_kernel, dim3((unsigned)rows), dim3(kTileThreads), 0, stream, "sample_kept_best",
+                  a, row0, (const int64_t*)best_ids, (const float*)best_z, k);
 }
 
 size_t sample_order_scratch_bytes(int64_t V, int rows, int id_bits) {
