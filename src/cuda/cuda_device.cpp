@@ -919,6 +919,8 @@ class CudaDevice final : public Device {
     a.out = reinterpret_cast<SampleResult*>(out_dev);
     a.result = reinterpret_cast<SampleResult*>(sample_results_.dev + 8);
     a.fold = folded_epilogue();
+    if (select_k && t == group)  // one group of rows: sample_prep ranks top_k's chunks (no chunk_best pass)
+      a.sel = topk_threshold_slots(select_scratch, V, t), a.sel_k = select_k;
     a.kept_raw_pair = by_order || p.min_p > 0.0f || allowed;  // something may be dropped
     a.kept_z_pair = a.kept_raw_pair || bias || p.temperature != 1.0f;  // else z is x, bit for bit
     const SampleKey key{t, top_k && !select_k ? id_bits : 0, select_k, greedy, top_p, check_x, a.kept_z_pair,

@@ -151,6 +151,16 @@ bool topk_bests_fit(int64_t V, int t, int k);
 // (the matvec's partials); its kernel zeroes them again.
 void topk_threshold_from_bests(const float* logits, int64_t V, int t, int k, unsigned long long* bests, void* scratch,
                                unsigned* sync, int64_t* ids, float* vals, cudaStream_t stream);
+// Where topk_threshold's first kernel leaves one group's (t <= 16 rows) chunk bests
+// [t x topk_chunks(V)] and thresholds [t] in its scratch, for a kernel that
+// computes them itself; topk_threshold_gather is then its second kernel alone.
+struct TopkThresholdSlots {
+  unsigned long long* best;
+  unsigned long long* threshold;
+};
+TopkThresholdSlots topk_threshold_slots(void* scratch, int64_t V, int t);
+void topk_threshold_gather(const float* logits, int64_t V, int t, int k, void* scratch, unsigned* sync, int64_t* ids,
+                           float* vals, cudaStream_t stream);
 // The chunks topk_threshold splits a row of V logits into (kSelChunk ids each).
 int64_t topk_chunks(int64_t V);
 // log2 of the ids a chunk holds
@@ -232,6 +242,10 @@ struct SampleKargs {
   SampleResult* out = nullptr;     // device [t]
   SampleResult* result = nullptr;  // [t] (mapped host memory): each row's result, written by its last kernel
   EpilogueFold fold;            // the route's element-wise node, applied by sample_prep (None: x is final)
+  // top_k by selection of one group of rows (sample_top_k_by_select): sample_prep also
+  // leaves each row's chunk bests of z and its threshold in topk_threshold's slots
+  TopkThresholdSlots sel{nullptr, nullptr};  // null: it does not
+  int sel_k = 0;
 };
 void sample_prep(const SampleKargs& a, cudaStream_t stream);
 // Rows [row0, row0 + rows) (a group of at most kSampleOrderRows): their keys,

@@ -1,10 +1,10 @@
-// Logits ranked as 64-bit keys, and the maxima of keys across a warp and a
-// CTA: the one order every device ranking uses (topk.cu's argmax and top-k,
-// sample.cu's kept-set order and race). A key holds the logit's bits made
-// monotonic in the high word (NaN lowest, -0 folded onto +0) and
-// 0xFFFFFFFF - id in the low word: a larger key is a better token, ties go to
-// the lowest id, NaN never beats a number -- the CPU's rule (sample_before,
-// argmax_rows, topk_rows).
+// Logits ranked as 64-bit keys, the maxima of keys across a warp and a CTA,
+// and top-k's threshold from chunk bests: the one order every device ranking
+// uses (topk.cu's argmax and top-k, sample.cu's kept-set order, race and
+// top_k). A key holds the logit's bits made monotonic in the high word (NaN
+// lowest, -0 folded onto +0) and 0xFFFFFFFF - id in the low word: a larger key
+// is a better token, ties go to the lowest id, NaN never beats a number -- the
+// CPU's rule (sample_before, argmax_rows, topk_rows).
 #pragma once
 #include <cstdint>
 
@@ -43,6 +43,43 @@ __device__ __forceinline__ unsigned long long cta_max(unsigned long long best) {
   for (int w = 0; w < kThreads / 32; ++w) best = warp_best[w] > best ? warp_best[w] : best;
   __syncthreads();
   return best;
+}
+
+// A top-k threshold: among a row's chunk bests (global, [chunks]; each chunk's best
+// key, so they are distinct) the one with exactly k - 1 above it, into *out: the
+// row's k best keys are all >= it (topk.cu's topk_threshold). They are compared
+// from shared memory (staged: room for kStaged, 16-byte aligned; a loop of
+// dependent L2 loads costs microseconds), two a load and without a branch where
+// they all fit (the loop with the branch for an unstaged tail was ~9 us at 198
+// chunks). Every thread of the CTA (kThreads) calls it.
+template <int kThreads, int kStaged>
+__device__ __forceinline__ void threshold_of_bests(const unsigned long long* row_best, unsigned chunks, int k,
+                                                   unsigned long long* staged, unsigned long long* out) {
+  static_assert(kStaged % 2 == 0, "staged in pairs");
+  const unsigned n = chunks < (unsigned)kStaged ? chunks : (unsigned)kStaged;
+  const unsigned n2 = (n + 1) & ~1u;  // the pad key 0 is below every real one
+  for (unsigned c = threadIdx.x; c < n2; c += kThreads) staged[c] = c < n ? __ldcg(row_best + c) : 0ull;
+  __syncthreads();
+  if (n == chunks) {
+    const auto* pairs = reinterpret_cast<const ulonglong2*>(staged);
+    for (unsigned c = threadIdx.x; c < chunks; c += kThreads) {
+      const unsigned long long v = staged[c];
+      unsigned above = 0;
+#pragma unroll 8
+      for (unsigned d = 0; d < n2 / 2; ++d) {
+        const ulonglong2 p = pairs[d];
+        above += (p.x > v) + (p.y > v);
+      }
+      if (above == (unsigned)k - 1) *out = v;
+    }
+    return;
+  }
+  for (unsigned c = threadIdx.x; c < chunks; c += kThreads) {
+    const unsigned long long v = c < n ? staged[c] : __ldcg(row_best + c);
+    int above = 0;
+    for (unsigned d = 0; d < chunks; ++d) above += (d < n ? staged[d] : __ldcg(row_best + d)) > v;
+    if (above == k - 1) *out = v;
+  }
 }
 
 }  // namespace muser::cuda

@@ -5,7 +5,9 @@
 //   sample_prep    z = processed logits (bias, allowed, temperature) into a
 //                  scratch row, the first non-finite z, the top token (first
 //                  largest z), the count of finite z, the logits' canonical
-//                  logsumexp; greedy rows are finished here.
+//                  logsumexp; greedy rows are finished here. For top_k by
+//                  selection of <= 16 rows also topk_threshold's chunk bests of
+//                  z and each row's threshold (its first kernel's work).
 //   top_k's cut    topk_threshold's k best of each row, then sample_kept_best
 //                  (sample_top_k_by_select): top_p, min_p, the pairs and the race
 //                  over those k alone, in place of the two steps below;
@@ -63,6 +65,12 @@ __device__ __forceinline__ bool within_cut(const SampleRowState& r, float z, int
   return !r.has_cut || sample_before(z, id, r.thr_z, r.thr_id) || id == r.thr_id;
 }
 
+// topk_threshold's chunks of a row of V (kTopkChunkShift): a tile of sample_prep holds two.
+static_assert(kLseTile == 2 << kTopkChunkShift, "a tile is two of top_k's chunks");
+__device__ __forceinline__ int64_t top_k_chunks(int64_t V) {
+  return (V + (1 << kTopkChunkShift) - 1) >> kTopkChunkShift;
+}
+
 __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKargs a) {
   pdl_launch_dependents();
   __shared__ TileSmem sm;
@@ -78,7 +86,7 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
   const float neg_inf = lse_neg_inf();
   const bool folds = a.fold.op != EpilogueOp::None;
   float v[kStepsPerThread];
-  unsigned long long top = 0;
+  unsigned long long top = 0, sel = 0;  // sel: top_k's chunk best (a.sel), of every z
   unsigned bad = 0, finite = 0;  // bad: 0xFFFFFFFF - the lowest bad id (as a key's low word), 0 for none
 #pragma unroll
   for (int j = 0; j < kStepsPerThread; ++j) {
@@ -106,6 +114,10 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
       }
     }
     z[id] = w;
+    if (a.sel.best) {
+      const unsigned long long key = logit_key(w, id);  // as topk_threshold's chunk_best ranks z
+      sel = key > sel ? key : sel;
+    }
     if (w != neg_inf) {
       ++finite;
       const unsigned long long key = logit_key(w, id);
@@ -118,10 +130,13 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
     bad = o > bad ? o : bad;
     finite += __shfl_xor_sync(0xffffffffu, finite, off);
   }
+  __shared__ unsigned long long warp_sel[kTileWarps];
+  if (a.sel.best) sel = warp_max(sel);
   if (lane == 0) {
     warp_top[warp] = top;
     warp_bad[warp] = bad;
     warp_finite[warp] = finite;
+    warp_sel[warp] = sel;
   }
   const LsePair pair = tile_pair(v, sm);  // the logits' own pair: score's logsumexp
   SampleRowState& row = a.rows[k];
@@ -135,8 +150,21 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
     if (top) atomicMax(&row.top_key, top);
     if (bad) atomicMax(&row.bad, bad);
     if (finite) atomicAdd(&row.finite, finite);
+    if (a.sel.best)  // the tile's two chunks: warps 0-3 hold the first's ids, 4-7 the second's
+      for (int c = 0; c < 2 && 2 * tile + c < top_k_chunks(a.V); ++c) {
+        unsigned long long b = 0;
+        for (int w = c * kTileWarps / 2; w < (c + 1) * kTileWarps / 2; ++w) b = warp_sel[w] > b ? warp_sel[w] : b;
+        a.sel.best[k * top_k_chunks(a.V) + 2 * tile + c] = b;
+      }
   }
-  if (!finished_row(a.done + k, (unsigned)tiles, sm) || warp != 0) return;
+  if (!finished_row(a.done + k, (unsigned)tiles, sm)) return;
+  if (a.sel.best) {  // the row's top_k threshold from its chunk bests (every thread of the CTA)
+    const unsigned chunks = (unsigned)top_k_chunks(a.V);
+    threshold_of_bests<kTileThreads, kLseTile / 2>(a.sel.best + k * chunks, chunks, a.sel_k,
+                                                   reinterpret_cast<unsigned long long*>(sm.exps), a.sel.threshold + k);
+    __syncthreads();  // the staged bests' shared memory becomes join_row's
+  }
+  if (warp != 0) return;
   const LsePair root = join_row(a.pairs_a + k * tiles, tiles, sm);
   if (lane != 0) return;
   a.done[k] = 0;
@@ -790,7 +818,12 @@ void sample_order(const SampleKargs& a, int row0, int rows, void* sort_scratch, 
 void sample_top_k_by_select(const SampleKargs& a, int k, int row0, int rows, void* select_scratch,
                             unsigned* select_sync, int64_t* best_ids, float* best_z, cudaStream_t stream) {
   if (k > kKeptBestMax) throw ArgValueError("internal: sample_top_k_by_select takes k <= 512");
-  topk_threshold(a.z + (int64_t)row0 * a.V, a.V, rows, k, select_scratch, select_sync, best_ids, best_z, stream);
+  if (a.sel.best) {  // sample_prep left the thresholds (one group: row0 = 0, rows = t)
+    if (row0 != 0 || rows != a.t || a.sel_k != k) throw ArgValueError("internal: sample_prep's thresholds are one group's");
+    topk_threshold_gather(a.z, a.V, rows, k, select_scratch, select_sync, best_ids, best_z, stream);
+  } else {
+    topk_threshold(a.z + (int64_t)row0 * a.V, a.V, rows, k, select_scratch, select_sync, best_ids, best_z, stream);
+  }
   launch_consumer(sample_kept_best_kernel, dim3((unsigned)rows), dim3(kTileThreads), 0, stream, "sample_kept_best",
                   a, row0, (const int64_t*)best_ids, (const float*)best_z, k);
 }

@@ -28,7 +28,7 @@ constexpr int kJoinSmemTiles = 512;
 
 // Shared memory of one tile pair (reused by the join).
 struct TileSmem {
-  __align__(8) float exps[kLseTile];
+  __align__(16) float exps[kLseTile];  // (16: sample_prep stages top_k's chunk bests here in pairs)
   uint8_t kinds[kLseTile];
   float group_max[kTileWarps][kCanonLanes];
   unsigned flag;

@@ -129,41 +129,6 @@ __device__ int64_t key_id_d(unsigned long long key) {
   return (int64_t)logit_key_id(key);
 }
 
-// topk_threshold's threshold: among a row's chunk bests (global, [chunks]) the one
-// with exactly k - 1 above it, into *out. Every chunk holds a real key, so the bests
-// are distinct and exactly one qualifies. They are compared from shared memory
-// (staged: kSelRankKeys of them; a loop of dependent L2 loads costs microseconds),
-// two a load and without a branch in the loop where they all fit (the loop with
-// the branch for an unstaged tail was ~9 us of the gather at 198 chunks).
-// Every thread of the CTA calls it.
-__device__ void threshold_of_bests(const unsigned long long* row_best, unsigned chunks, int k,
-                                   unsigned long long* staged, unsigned long long* out) {
-  const unsigned n = chunks < (unsigned)kSelRankKeys ? chunks : (unsigned)kSelRankKeys;
-  const unsigned n2 = (n + 1) & ~1u;  // staged in pairs; the pad key 0 is below every real one
-  for (unsigned c = threadIdx.x; c < n2; c += kSelThreads) staged[c] = c < n ? __ldcg(row_best + c) : 0ull;
-  __syncthreads();
-  if (n == chunks) {
-    const auto* pairs = reinterpret_cast<const ulonglong2*>(staged);
-    for (unsigned c = threadIdx.x; c < chunks; c += kSelThreads) {
-      const unsigned long long v = staged[c];
-      unsigned above = 0;
-#pragma unroll 8
-      for (unsigned d = 0; d < n2 / 2; ++d) {
-        const ulonglong2 p = pairs[d];
-        above += (p.x > v) + (p.y > v);
-      }
-      if (above == (unsigned)k - 1) *out = v;
-    }
-    return;
-  }
-  for (unsigned c = threadIdx.x; c < chunks; c += kSelThreads) {
-    const unsigned long long v = c < n ? staged[c] : __ldcg(row_best + c);
-    int above = 0;
-    for (unsigned d = 0; d < chunks; ++d) above += (d < n ? staged[d] : __ldcg(row_best + d)) > v;
-    if (above == k - 1) *out = v;
-  }
-}
-
 // best[row][chunk] = the chunk's best key; the row's last CTA then writes either
 // the argmax id (kArgmax) or the threshold: the k-th largest of the row's bests.
 template <bool kArgmax, int kItems = kSelItems>
@@ -200,7 +165,7 @@ __global__ void chunk_best_kernel(const float* logits, int64_t V, int k, unsigne
     }
   } else {
     __shared__ __align__(16) unsigned long long bests[kSelRankKeys];
-    threshold_of_bests(row_best, chunks, k, bests, threshold + row);
+    threshold_of_bests<kSelThreads, kSelRankKeys>(row_best, chunks, k, bests, threshold + row);
     if (threadIdx.x == 0) done[row] = 0;
   }
 }
@@ -269,7 +234,7 @@ __global__ void topk_gather_kernel(const float* logits, int64_t V, int k, const 
   const float* y = logits + row * V;
   unsigned long long limit;
   if (bests) {
-    threshold_of_bests(bests + row * gridDim.x, gridDim.x, k, staged, &limit_s);
+    threshold_of_bests<kSelThreads, kSelRankKeys>(bests + row * gridDim.x, gridDim.x, k, staged, &limit_s);
     __syncthreads();
     limit = limit_s;
   } else {
@@ -367,6 +332,23 @@ void topk_threshold(const float* logits, int64_t V, int t, int k, void* scratch,
     launch_consumer(topk_gather_kernel, grid, dim3(kSelThreads), 0, stream, "topk_threshold(gather)", y, V, k, threshold,
                     nullptr, cand, sync + 2 * g, sync + g, ids + (size_t)r0 * k, vals + (size_t)r0 * k);
   }
+}
+
+TopkThresholdSlots topk_threshold_slots(void* scratch, int64_t V, int t) {
+  if (t < 1 || t > kSelGroupRows) throw ArgValueError("internal: topk_threshold_slots takes one group of rows");
+  auto* best = static_cast<unsigned long long*>(scratch);
+  return TopkThresholdSlots{best, best + (size_t)t * sel_chunks(V)};  // topk_threshold's layout
+}
+
+void topk_threshold_gather(const float* logits, int64_t V, int t, int k, void* scratch, unsigned* sync, int64_t* ids,
+                           float* vals, cudaStream_t stream) {
+  if (!topk_threshold_fits(V, t, k) || t > kSelGroupRows)
+    throw ArgValueError("internal: topk_threshold_gather does not take this (V, t, k)");
+  const TopkThresholdSlots slots = topk_threshold_slots(scratch, V, t);
+  auto* cand = slots.threshold + t;
+  const dim3 grid((unsigned)sel_chunks(V), (unsigned)t);
+  launch_consumer(topk_gather_kernel, grid, dim3(kSelThreads), 0, stream, "topk_threshold(gather)", logits, V, k,
+                  (const unsigned long long*)slots.threshold, nullptr, cand, sync + 2 * t, sync + t, ids, vals);
 }
 
 int64_t topk_chunks(int64_t V) { return sel_chunks(V); }
