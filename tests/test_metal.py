@@ -10,7 +10,8 @@ weight types, f32 and q8 activations); the other routes within the f32-norm
 and platform-tanh difference (Apple GPUs have no double: docs/numerics.md);
 batch rows == single steps; the logits view is the MTLBuffer's contents and
 outlives the head; the weight split into views; top-k on the device; the
-pipeline cache reused; errors as muser.DeviceError; one barrier removed is
+pipeline cache reused; score and logsumexp reduced on the device; errors as
+muser.DeviceError; one barrier removed is
 reported as a hazard; the profile books the matvec under lm_head only.
 """
 from __future__ import annotations
@@ -207,6 +208,32 @@ def test_consumer_reductions_on_metal_equal_cpu_on_the_canonical_route(head_file
     np.testing.assert_array_equal(got.ranks, want.ranks)
     assert_bitwise(gpu.logsumexp(x), want.logsumexp, "logsumexp")
     assert_bitwise(gpu.log_softmax(x), cpu.log_softmax(x), "log_softmax")
+
+
+def test_score_reduces_on_metal_over_several_tiles_with_ties(tmp_path):
+    # score and logsumexp run on the device (vocab_reduce.metal: the first score builds its
+    # pipelines, which the plain call never needs): the lanes, the butterfly and the tile
+    # tree over 3 tiles of 2,048 (an odd one carried up), ranks among tied logits by id;
+    # every field the CPU's bits, for one row and a batch
+    hidden, vocab = 256, 4099
+    w = np.random.default_rng(5).standard_normal((vocab, hidden), dtype=np.float32) * np.float32(0.05)
+    w[[7, 2100, 4098]] = w[3000]  # four equal logits in three tiles
+    path = write_head_gguf(tmp_path / "tiles.gguf", hidden=hidden, vocab=vocab, weight_type="Q8_0", weight=w,
+                           seed=5)
+    cpu = muser.Head.load(path, device="cpu", route="canonical")
+    gpu = muser.Head.load(path, device="metal", route="canonical")
+    x = hidden_states(hidden, 48, seed=6) * np.float32(0.2)  # logits near 0: the sums' bits reach the results
+    gpu(x)
+    built = _core._metal_test_stats()["pipelines_built"]
+    ids = np.array([[7, 2100, 3000, 4098, 0, 2047, 2048]] * 48)
+    want, got = cpu.score(x, ids), gpu.score(x, ids)
+    assert _core._metal_test_stats()["pipelines_built"] > built  # the reductions' kernels ran
+    for field in ("logprobs", "logits", "logsumexp"):
+        assert_bitwise(getattr(got, field), getattr(want, field), field)
+    np.testing.assert_array_equal(got.ranks, want.ranks)
+    assert len(set(got.ranks[0, :4].tolist())) == 4  # tied, ranked by id
+    assert_bitwise(gpu.logsumexp(x[1]), want.logsumexp[1], "one row")
+    assert_bitwise(gpu.score(x[2], 2100).logprobs, want.logprobs[2, 1], "one row, one id")
 
 
 def test_sample_on_metal_draws_the_cpus_tokens_on_the_canonical_route(head_file):

@@ -25,6 +25,7 @@
 #include "errors.h"
 #include "metal_device.h"
 #include "muser/kernel_args.h"
+#include "muser/logsumexp.h"
 #include "muser/topk_key.h"
 #include "quant_types.h"
 
@@ -272,6 +273,76 @@ class MetalDevice final : public Device {
     submit(steps, nullptr);
     std::memcpy(ids, topk_ids_.buf.contents, (size_t)t * k * sizeof(int64_t));
     std::memcpy(vals, topk_vals_.buf.contents, (size_t)t * k * sizeof(float));
+  }
+
+  // score / logsumexp on the device (vocab_reduce.metal): the route, then the tile
+  // pairs, the tile trees and, for chosen ids, their logits and ranks, in one
+  // command buffer; the results are copied out of shared buffers.
+  void score(const float* hidden, bool hidden_resident, int t, VocabScores& out) override {
+    if (hidden_resident)
+      throw DeviceError("device 'metal': hidden states are host memory on Metal (unified memory); pass a host array");
+    if (out.keep_on_device) throw DeviceError("device 'metal': scores are host memory on Metal; none stay on a device");
+    const int64_t V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
+    const int m = out.m;
+    const Buffer* y = run_into(hidden, t, nullptr, nullptr);
+    ReduceKargs a;
+    a.V = V;
+    a.tiles = tiles;
+    a.rows = t;
+    a.m = m;
+    ensure(&pairs_, (size_t)t * (size_t)tiles * sizeof(LsePair), "tile pairs");
+    ensure(&lse_, (size_t)t * sizeof(float), "logsumexps");
+    std::vector<StepEncoding> steps(1);
+    steps[0].label = "score";
+    std::vector<Dispatch>& ds = steps[0].dispatches;
+    Dispatch pairs;
+    pairs.kernel = "lse_tile_pairs_f32";
+    pairs.bytes = {Bytes::of(a, 0)};
+    pairs.buffers = {{y, 0, 1, Access::Read}, {&pairs_.buf, 0, 2, Access::Write}};
+    pairs.threadgroups = (uint64_t)tiles * (uint64_t)t;
+    pairs.threads = 32;
+    ds.push_back(pairs);
+    Dispatch join;
+    join.kernel = "lse_join_f32";
+    join.bytes = {Bytes::of(a, 0)};
+    join.buffers = {{&pairs_.buf, 0, 2, Access::ReadWrite}, {&lse_.buf, 0, 3, Access::Write}};
+    join.threadgroups = groups((uint64_t)t, 32);
+    join.threads = 32;
+    join.barrier_before = true;
+    ds.push_back(join);
+    const size_t q = (size_t)t * (size_t)std::max(m, 0);
+    if (m > 0) {
+      ensure(&score_ids_, q * sizeof(int64_t), "chosen ids");
+      ensure(&score_vals_, q * sizeof(float), "chosen logits");
+      ensure(&score_lp_, q * sizeof(float), "chosen logprobs");
+      ensure(&score_ranks_, q * sizeof(int64_t), "chosen ranks");
+      std::memcpy(score_ids_.buf.contents, out.ids, q * sizeof(int64_t));
+      Dispatch ranks;  // reads only the logits: beside the pairs, no barrier
+      ranks.kernel = "score_ranks_f32";
+      ranks.bytes = {Bytes::of(a, 0)};
+      ranks.buffers = {{y, 0, 1, Access::Read}, {&score_ids_.buf, 0, 4, Access::Read},
+                       {&score_ranks_.buf, 0, 7, Access::Write}};
+      ranks.threadgroups = q;
+      ranks.threads = 32;
+      ds.insert(ds.begin() + 1, ranks);
+      Dispatch values;  // after the join: it reads the logsumexps
+      values.kernel = "score_values_f32";
+      values.bytes = {Bytes::of(a, 0)};
+      values.buffers = {{y, 0, 1, Access::Read},          {&lse_.buf, 0, 3, Access::Read},
+                        {&score_ids_.buf, 0, 4, Access::Read}, {&score_vals_.buf, 0, 5, Access::Write},
+                        {&score_lp_.buf, 0, 6, Access::Write}};
+      values.threadgroups = groups(q, 64);
+      values.threads = 64;
+      values.barrier_before = true;
+      ds.push_back(values);
+    }
+    submit(steps, nullptr);
+    std::memcpy(out.lse, lse_.buf.contents, (size_t)t * sizeof(float));
+    if (m > 0) {
+      std::memcpy(out.values, score_vals_.buf.contents, q * sizeof(float));
+      std::memcpy(out.logprobs, score_lp_.buf.contents, q * sizeof(float));
+      std::memcpy(out.ranks, score_ranks_.buf.contents, q * sizeof(int64_t));
+    }
   }
 
  private:
@@ -532,6 +603,7 @@ class MetalDevice final : public Device {
   std::vector<std::unique_ptr<View>> views_;
   std::unique_ptr<Owned> gamma_;
   Owned hidden_, normed_, logits_, xq_, dx_, s32_, topk_in_, keys_[2], topk_ids_, topk_vals_;
+  Owned pairs_, lse_, score_ids_, score_vals_, score_lp_, score_ranks_;  // score()
 };
 
 }  // namespace

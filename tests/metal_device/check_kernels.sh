@@ -25,7 +25,7 @@ done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 kernels=""
-for k in norm matvec matvec_q8 epilogue topk bandwidth; do kernels="$kernels|$PWD/src/metal/kernels/$k.metal"; done
+for k in norm matvec matvec_q8 epilogue topk vocab_reduce bandwidth; do kernels="$kernels|$PWD/src/metal/kernels/$k.metal"; done
 cmake -DOUT="$tmp/lib.cpp" "-DINCLUDE_DIRS=$PWD/src/cpp|$PWD/src/metal/kernels" "-DKERNELS=${kernels#|}" \
   -P src/metal/embed_library.cmake
 if grep -q '#include "' "$tmp/lib.cpp.metal" && grep '#include "' "$tmp/lib.cpp.metal" | grep -vq muser_metal_emu_kernel.h; then

@@ -77,6 +77,16 @@ struct TopkKargs {
 };
 static_assert(sizeof(TopkKargs) == 24, "TopkKargs is 24 bytes on every backend");
 
+// The consumer's reductions over `rows` rows of V logits on a device
+// (vocab_reduce.metal): tiles of kLseTile ids, `m` chosen ids a row for score.
+struct ReduceKargs {
+  int64_t V = 0;
+  int64_t tiles = 0;  // per row: ceil(V / kLseTile)
+  int32_t rows = 0;
+  int32_t m = 0;
+};
+static_assert(sizeof(ReduceKargs) == 24, "ReduceKargs is 24 bytes on every backend");
+
 // The Metal read-bandwidth probe (bandwidth.metal): n 32-bit words read by a
 // grid of `stride` threads.
 struct ReadKargs {
