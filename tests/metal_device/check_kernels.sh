@@ -25,7 +25,13 @@ done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 kernels=""
-for k in norm matvec matvec_q8 epilogue topk vocab_reduce bandwidth; do kernels="$kernels|$PWD/src/metal/kernels/$k.metal"; done
+# the library's kernel files, in the build's order: src/metal/CMakeLists.txt's one list
+stems=$(sed -n 's/^set(MUSER_METAL_KERNEL_STEMS \(.*\))$/\1/p' src/metal/CMakeLists.txt)
+[ -n "$stems" ] || { echo "FAIL no MUSER_METAL_KERNEL_STEMS in src/metal/CMakeLists.txt"; exit 1; }
+for k in $stems; do kernels="$kernels|$PWD/src/metal/kernels/$k.metal"; done
+for f in src/metal/kernels/*.metal; do  # a kernel file outside the list would never reach the library
+  case " $stems " in *" $(basename "$f" .metal) "*) ;; *) echo "FAIL $f is not in MUSER_METAL_KERNEL_STEMS"; rc=1 ;; esac
+done
 cmake -DOUT="$tmp/lib.cpp" "-DINCLUDE_DIRS=$PWD/src/cpp|$PWD/src/metal/kernels" "-DKERNELS=${kernels#|}" \
   -P src/metal/embed_library.cmake
 if grep -q '#include "' "$tmp/lib.cpp.metal" && grep '#include "' "$tmp/lib.cpp.metal" | grep -vq muser_metal_emu_kernel.h; then
