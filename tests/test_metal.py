@@ -10,7 +10,7 @@ weight types, f32 and q8 activations); the other routes within the f32-norm
 and platform-tanh difference (Apple GPUs have no double: docs/numerics.md);
 batch rows == single steps; the logits view is the MTLBuffer's contents and
 outlives the head; the weight split into views; top-k on the device; the
-pipeline cache reused; score and logsumexp reduced on the device; errors as
+pipeline cache reused; score, logsumexp and log_softmax reduced on the device; errors as
 muser.DeviceError; one barrier removed is
 reported as a hazard; the profile books the matvec under lm_head only.
 """
@@ -210,8 +210,8 @@ def test_consumer_reductions_on_metal_equal_cpu_on_the_canonical_route(head_file
     assert_bitwise(gpu.log_softmax(x), cpu.log_softmax(x), "log_softmax")
 
 
-def test_score_reduces_on_metal_over_several_tiles_with_ties(tmp_path):
-    # score and logsumexp run on the device (vocab_reduce.metal: the first score builds its
+def test_score_and_log_softmax_reduce_on_metal_over_several_tiles_with_ties(tmp_path):
+    # score, logsumexp and log_softmax run on the device (vocab_reduce.metal: the first score builds its
     # pipelines, which the plain call never needs): the lanes, the butterfly and the tile
     # tree over 3 tiles of 2,048 (an odd one carried up), ranks among tied logits by id;
     # every field the CPU's bits, for one row and a batch
@@ -234,6 +234,16 @@ def test_score_reduces_on_metal_over_several_tiles_with_ties(tmp_path):
     assert len(set(got.ranks[0, :4].tolist())) == 4  # tied, ranked by id
     assert_bitwise(gpu.logsumexp(x[1]), want.logsumexp[1], "one row")
     assert_bitwise(gpu.score(x[2], 2100).logprobs, want.logprobs[2, 1], "one row, one id")
+    # log_softmax subtracts on the device in the head's own buffer (one more pipeline), and
+    # on the host in a caller's out= array: the same bits either way
+    built = _core._metal_test_stats()["pipelines_built"]
+    want_lsm = cpu.log_softmax(x)
+    assert_bitwise(gpu.log_softmax(x), want_lsm, "log_softmax")
+    assert _core._metal_test_stats()["pipelines_built"] == built + 1
+    out = np.empty((48, vocab), np.float32)
+    assert gpu.log_softmax(x, out=out) is out
+    assert_bitwise(out, want_lsm, "log_softmax into out=")
+    assert_bitwise(gpu.log_softmax(x[5]), want_lsm[5], "log_softmax of one row")
 
 
 def test_sample_on_metal_draws_the_cpus_tokens_on_the_canonical_route(head_file):

@@ -615,8 +615,9 @@ class Head:
             self._check_out(out, rows.shape[0], single)
         logits = self(rows, out=None if out is None else out.reshape(rows.shape[0], V), check_finite=check_finite)
         logits = logits.reshape(rows.shape[0], V)
-        lse = _core.logsumexp_rows(logits, self._threads)
-        _core.log_softmax_inplace(logits, lse, self._threads)
+        if self._pinned is not None or not self._core.log_softmax_in_place(logits):  # else done on the device
+            lse = _core.logsumexp_rows(logits, self._threads)
+            _core.log_softmax_inplace(logits, lse, self._threads)
         if out is not None:
             return out
         return logits[0] if single else logits

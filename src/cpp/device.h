@@ -206,6 +206,11 @@ class Device {
   // device runs both as one graph). The default reduces on the host, so it
   // serves devices whose resident logits are host memory.
   virtual std::shared_ptr<ResidentBuffer> run_resident_log_softmax(const float* hidden, bool hidden_resident, int t);
+  // Each row of logits [t x V] that this device wrote into host-visible memory
+  // of its own (alloc_host) minus its logsumexp, in place, on the device; false
+  // where it does not (the default; memory it did not make), and the caller
+  // reduces them on the host (the same bits: muser/logsumexp.h's order).
+  virtual bool log_softmax_in_place(float* /*logits*/, int /*t*/) { return false; }
   // Runs the route and draws one token per row into out [t] on the device,
   // with the bits of muser/sample.h's sample_row on the route's logits; false
   // when it does not for this request or one of its rows (a non-finite or

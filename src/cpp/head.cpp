@@ -101,6 +101,11 @@ std::shared_ptr<HostBuffer> Head::run(const float* hidden, int t, float* out, st
   return buf;
 }
 
+bool Head::log_softmax_in_place(float* logits, int t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return device_->log_softmax_in_place(logits, t);
+}
+
 std::shared_ptr<HostBuffer> Head::buffer() const {
   std::lock_guard<std::mutex> lock(mu_);
   return last_.lock();

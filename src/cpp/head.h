@@ -69,6 +69,10 @@ class Head {
   // or it waits in the pool (null before the first call).
   std::shared_ptr<HostBuffer> buffer() const;
 
+  // Device::log_softmax_in_place on logits a call of this head wrote, under the
+  // calls' lock; false: the caller reduces them on the host.
+  bool log_softmax_in_place(float* logits, int t);
+
   // Throws GGUFError when the head reads the file's mapping at step time and
   // the file changed since load (its identity: size, mtime, ctime, inode).
   void check_file() const;

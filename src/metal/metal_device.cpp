@@ -282,34 +282,13 @@ class MetalDevice final : public Device {
     if (hidden_resident)
       throw DeviceError("device 'metal': hidden states are host memory on Metal (unified memory); pass a host array");
     if (out.keep_on_device) throw DeviceError("device 'metal': scores are host memory on Metal; none stay on a device");
-    const int64_t V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
     const int m = out.m;
     const Buffer* y = run_into(hidden, t, nullptr, nullptr);
-    ReduceKargs a;
-    a.V = V;
-    a.tiles = tiles;
-    a.rows = t;
-    a.m = m;
-    ensure(&pairs_, (size_t)t * (size_t)tiles * sizeof(LsePair), "tile pairs");
-    ensure(&lse_, (size_t)t * sizeof(float), "logsumexps");
+    const ReduceKargs a = reduce_kargs(t, m);
     std::vector<StepEncoding> steps(1);
     steps[0].label = "score";
     std::vector<Dispatch>& ds = steps[0].dispatches;
-    Dispatch pairs;
-    pairs.kernel = "lse_tile_pairs_f32";
-    pairs.bytes = {Bytes::of(a, 0)};
-    pairs.buffers = {{y, 0, 1, Access::Read}, {&pairs_.buf, 0, 2, Access::Write}};
-    pairs.threadgroups = (uint64_t)tiles * (uint64_t)t;
-    pairs.threads = 32;
-    ds.push_back(pairs);
-    Dispatch join;
-    join.kernel = "lse_join_f32";
-    join.bytes = {Bytes::of(a, 0)};
-    join.buffers = {{&pairs_.buf, 0, 2, Access::ReadWrite}, {&lse_.buf, 0, 3, Access::Write}};
-    join.threadgroups = groups((uint64_t)t, 32);
-    join.threads = 32;
-    join.barrier_before = true;
-    ds.push_back(join);
+    encode_logsumexp(a, y, &ds);
     const size_t q = (size_t)t * (size_t)std::max(m, 0);
     if (m > 0) {
       ensure(&score_ids_, q * sizeof(int64_t), "chosen ids");
@@ -345,8 +324,60 @@ class MetalDevice final : public Device {
     }
   }
 
+  // log-softmax of logits a call wrote into one of this device's shared buffers:
+  // the logsumexps, then the subtraction, in place.
+  bool log_softmax_in_place(float* logits, int t) override {
+    const Buffer* y = t > 0 ? shared_->find(logits, bytes_of_logits(t)) : nullptr;
+    if (!y) return false;  // memory not made here: the host reduces it
+    const ReduceKargs a = reduce_kargs(t, 0);
+    std::vector<StepEncoding> steps(1);
+    steps[0].label = "log_softmax";
+    encode_logsumexp(a, y, &steps[0].dispatches);
+    Dispatch sub;
+    sub.kernel = "log_softmax_f32";
+    sub.bytes = {Bytes::of(a, 0)};
+    sub.buffers = {{y, 0, 1, Access::ReadWrite}, {&lse_.buf, 0, 3, Access::Read}};
+    sub.threadgroups = groups((uint64_t)t * (uint64_t)a.V, kElementThreads);
+    sub.threads = kElementThreads;
+    sub.barrier_before = true;
+    steps[0].dispatches.push_back(sub);
+    submit(steps, nullptr);
+    return true;
+  }
+
  private:
   Context* ctx() const { return shared_->ctx; }
+
+  ReduceKargs reduce_kargs(int t, int m) const {
+    ReduceKargs a;
+    a.V = spec_.vocab;
+    a.tiles = (spec_.vocab + kLseTile - 1) / kLseTile;
+    a.rows = t;
+    a.m = m;
+    return a;
+  }
+
+  // Each row's logsumexp of logits y into lse_: the tile pairs, then (after a
+  // barrier) the tile trees.
+  void encode_logsumexp(const ReduceKargs& a, const Buffer* y, std::vector<Dispatch>* ds) {
+    ensure(&pairs_, (size_t)a.rows * (size_t)a.tiles * sizeof(LsePair), "tile pairs");
+    ensure(&lse_, (size_t)a.rows * sizeof(float), "logsumexps");
+    Dispatch pairs;
+    pairs.kernel = "lse_tile_pairs_f32";
+    pairs.bytes = {Bytes::of(a, 0)};
+    pairs.buffers = {{y, 0, 1, Access::Read}, {&pairs_.buf, 0, 2, Access::Write}};
+    pairs.threadgroups = (uint64_t)a.tiles * (uint64_t)a.rows;
+    pairs.threads = 32;
+    ds->push_back(pairs);
+    Dispatch join;
+    join.kernel = "lse_join_f32";
+    join.bytes = {Bytes::of(a, 0)};
+    join.buffers = {{&pairs_.buf, 0, 2, Access::ReadWrite}, {&lse_.buf, 0, 3, Access::Write}};
+    join.threadgroups = groups((uint64_t)a.rows, 32);
+    join.threads = 32;
+    join.barrier_before = true;
+    ds->push_back(join);
+  }
   size_t bytes_of_logits(int t) const { return (size_t)t * (size_t)spec_.vocab * sizeof(float); }
 
   void ensure(Owned* o, size_t bytes, const std::string& what) {

@@ -274,6 +274,21 @@ void bind_head(nb::module_& m) {
             return nb::make_tuple(result, profile_list(timings));
           },
           nb::arg("hidden"), nb::arg("out").none(), nb::arg("profile") = false, nb::arg("check_finite") = true)
+      .def(
+          "log_softmax_in_place",
+          // logits [t x V] a call of this head wrote: on the device when it can (Metal's shared
+          // buffers), else False and the caller reduces them on the host
+          [](std::shared_ptr<Head> h, WritableArray logits) {
+            if (logits.dtype() != nb::dtype<float>() || logits.ndim() != 2 || !c_contiguous(AnyArray(logits)) ||
+                (int64_t)logits.shape(1) != h->spec().vocab || logits.shape(0) < 1 ||
+                logits.device_type() != nb::device::cpu::value)
+              throw ArgValueError("logits must be a C-contiguous host float32 [t, V] array");
+            const int t = (int)logits.shape(0);
+            float* y = static_cast<float*>(logits.data());
+            nb::gil_scoped_release release;
+            return h->log_softmax_in_place(y, t);
+          },
+          nb::arg("logits"))
       .def_prop_ro("buffer", [](std::shared_ptr<Head> h) -> nb::object {
         auto buf = h->buffer();
         if (!buf) return nb::none();

@@ -6,6 +6,7 @@
 //                       lane l + off for off = 16 .. 1: lse_join_lanes)
 //   lse_join_f32        one thread per row: the tile tree (lse_tree, in place
 //                       on the pairs) and its logsumexp
+//   log_softmax_f32     one thread per logit: logit - logsumexp, in place
 //   score_values_f32    one thread per (row, chosen id): the logit and
 //                       logit - logsumexp
 //   score_ranks_f32     one SIMD group per (row, chosen id): 1 + the ids that
@@ -16,7 +17,7 @@
 // 3 lse [rows], 4 ids [rows x m] (int64), 5 values, 6 logprobs [rows x m],
 // 7 ranks [rows x m] (int64).
 // Grids: tiles * rows threadgroups of 32 (pairs, ranks: rows * m), rows and
-// rows * m threads (join, values).
+// rows, rows * V and rows * m threads (join, log_softmax, values).
 #include "common.h"
 #include "muser/logsumexp.h"
 
@@ -65,6 +66,14 @@ MUSER_KERNEL(lse_join_f32, MUSER_ARG_CONSTANT(ReduceKargs, a, 0), MUSER_ARG_BUFF
              MUSER_ARG_BUFFER_OUT(float, lse, 3), MUSER_ARG_TID(row)) {
   if ((int)row >= a.rows) return;
   lse[row] = lse_value(lse_tree(DevicePairs{pairs + 2 * (int64_t)row * a.tiles}, (int)a.tiles));
+}
+
+// logits[row, i] - lse[row], in place: log-softmax (one thread per logit).
+MUSER_KERNEL(log_softmax_f32, MUSER_ARG_CONSTANT(ReduceKargs, a, 0), MUSER_ARG_BUFFER_INOUT(float, logits, 1),
+             MUSER_ARG_BUFFER_IN(float, lse, 3), MUSER_ARG_TID(pos)) {
+  const int64_t row = (int64_t)pos / a.V;
+  if (row >= a.rows) return;
+  logits[pos] = logits[pos] - lse[row];
 }
 
 MUSER_KERNEL(score_values_f32, MUSER_ARG_CONSTANT(ReduceKargs, a, 0), MUSER_ARG_BUFFER_IN(float, logits, 1),
