@@ -10,7 +10,8 @@ weight types, f32 and q8 activations); the other routes within the f32-norm
 and platform-tanh difference (Apple GPUs have no double: docs/numerics.md);
 batch rows == single steps; the logits view is the MTLBuffer's contents and
 outlives the head; the weight split into views; top-k on the device; the
-pipeline cache reused; score, logsumexp and log_softmax reduced on the device; errors as
+pipeline cache reused; score, logsumexp, log_softmax and sample on the device
+(sample: every field the host's bits over the device's logits); errors as
 muser.DeviceError; one barrier removed is
 reported as a hazard; the profile books the matvec under lm_head only.
 """
@@ -244,6 +245,83 @@ def test_score_and_log_softmax_reduce_on_metal_over_several_tiles_with_ties(tmp_
     assert gpu.log_softmax(x, out=out) is out
     assert_bitwise(out, want_lsm, "log_softmax into out=")
     assert_bitwise(gpu.log_softmax(x[5]), want_lsm[5], "log_softmax of one row")
+
+
+# every path of sample.metal (greedy; the race over every finite z; top_k's cut from the k
+# best, with top_p among them; min_p, logit_bias, allowed) and top_p alone, which the host draws
+METAL_SAMPLE_SETTINGS = [
+    {"temperature": 0.0},
+    {"temperature": 0.0, "logit_bias": {5: 40.0, 17: -1e30}},
+    {},
+    {"temperature": 0.6},
+    {"temperature": 1.7, "min_p": 0.05},
+    {"top_k": 1},
+    {"top_k": 50},
+    {"top_k": 4, "temperature": 0.5, "min_p": 0.1},
+    {"top_k": 1024, "temperature": 3.0},
+    {"top_k": 100, "top_p": 0.3},
+    {"temperature": 1.3, "top_k": 200, "top_p": 0.8, "min_p": 0.02},
+    {"top_k": 20, "logit_bias": {3: 2.5, 4000: -3.0, 2049: 1.0}},
+    {"top_k": 20, "top_p": 0.9, "allowed": "few"},  # fewer allowed tokens than top_k: no cut by it
+    {"allowed": "many", "temperature": 0.8},
+    {"top_p": 0.9},  # the host's
+]
+
+
+@pytest.fixture(scope="module")
+def tiles_head(tmp_path_factory):
+    # three tiles of 2,048 ids (an odd one carried up), four tied rows across them
+    hidden, vocab = 256, 4099
+    w = np.random.default_rng(5).standard_normal((vocab, hidden), dtype=np.float32) * np.float32(0.05)
+    w[[7, 2100, 4098]] = w[3000]
+    path = write_head_gguf(tmp_path_factory.mktemp("metal-tiles") / "tiles.gguf", hidden=hidden, vocab=vocab,
+                           weight_type="Q8_0", weight=w, seed=5)
+    return path, hidden, vocab
+
+
+@pytest.mark.parametrize("setting", range(len(METAL_SAMPLE_SETTINGS)))
+def test_sample_on_metal_equals_host_sampling_of_its_logits(tiles_head, setting):
+    # the device draw against muser/sample.h on the host over the same logits, bit for bit
+    # in every field, for a batch and one row; the canonical route also against the CPU head
+    from muser import _sampling
+    path, hidden, vocab = tiles_head
+    kw = dict(METAL_SAMPLE_SETTINGS[setting])
+    if "allowed" in kw:
+        mask = np.zeros(vocab, bool)
+        mask[np.arange(10) * 409 if kw["allowed"] == "few" else np.random.default_rng(11).random(vocab) < 0.3] = True
+        mask[0] = True
+        kw["allowed"] = mask
+    gpu = muser.Head.load(path, device="metal", route="canonical")
+    assert gpu.caps["sample_on_device"]
+    x = hidden_states(hidden, 6, seed=20 + setting)
+    pos = np.arange(40, 46)
+    gpu(x)
+    built = _core._metal_test_stats()["pipelines_built"]
+    got = gpu.sample(x, seed=99, positions=pos, **kw)
+    on_device = _core._metal_test_stats()["pipelines_built"] > built
+    assert on_device == (setting != len(METAL_SAMPLE_SETTINGS) - 1), "top_p alone is the host's, the rest the device's"
+    params = _sampling.check_params(vocab, seed=99, positions=pos, **{
+        "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "logit_bias": None, "allowed": None, **kw})
+    want = _sampling.sample_logits(np.array(gpu(x)), False, params, pos.astype(np.uint64))
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    for field in ("logprobs", "processed_logprobs", "kept_mass"):
+        assert_bitwise(getattr(got, field), getattr(want, field), field)
+    one = gpu.sample(x[2], seed=99, positions=42, **kw)
+    assert one.tokens == got.tokens[2] and isinstance(one.tokens, int)
+    cpu = muser.Head.load(path, device="cpu", route="canonical").sample(x, seed=99, positions=pos, **kw)
+    np.testing.assert_array_equal(got.tokens, cpu.tokens)
+    assert_bitwise(got.processed_logprobs, cpu.processed_logprobs, "processed_logprobs against the CPU head")
+
+
+def test_sample_on_metal_names_a_non_finite_row_as_the_host_does(tiles_head):
+    # z = (logit + bias) / temperature overflows at token 9 (and 2,050, a later tile): the
+    # device leaves the draw to the host, which names the first
+    path, hidden, vocab = tiles_head
+    gpu = muser.Head.load(path, device="metal", route="canonical")
+    x = hidden_states(hidden, 3, seed=4)
+    with pytest.raises(muser.NonFiniteError, match="row 0, token 9: .* is not finite after logit_bias and temperature"):
+        gpu.sample(x, seed=1, positions=np.arange(3), temperature=0.5, logit_bias={2050: 3e38, 9: 3e38})
+    assert gpu.sample(x, seed=1, positions=np.arange(3)).tokens.shape == (3,)  # the head is still usable
 
 
 def test_sample_on_metal_draws_the_cpus_tokens_on_the_canonical_route(head_file):

@@ -18,9 +18,13 @@ function(muser_inline path)
   list(APPEND MUSER_SEEN "${path}")
   set(MUSER_SEEN "${MUSER_SEEN}" PARENT_SCOPE)
   file(READ "${path}" text)
-  # backslashes (line continuations) and semicolons would be list syntax: placeholders until written
+  # backslashes (line continuations), semicolons and square brackets (an unbalanced one,
+  # as in "(0, 1]", keeps the lines after it from splitting) would be list syntax:
+  # placeholders until written
   string(REPLACE "\\" "@MUSER_BS@" text "${text}")
   string(REPLACE ";" "@MUSER_SC@" text "${text}")
+  string(REPLACE "[" "@MUSER_LB@" text "${text}")
+  string(REPLACE "]" "@MUSER_RB@" text "${text}")
   string(REPLACE "\n" ";" lines "${text}")
   get_filename_component(name "${path}" NAME)
   set(out "${MUSER_EMBEDDED}// ---- ${name}\n")
@@ -56,6 +60,8 @@ foreach(k ${KERNELS})
 endforeach()
 string(REPLACE "@MUSER_BS@" "\\" MUSER_EMBEDDED "${MUSER_EMBEDDED}")
 string(REPLACE "@MUSER_SC@" ";" MUSER_EMBEDDED "${MUSER_EMBEDDED}")
+string(REPLACE "@MUSER_LB@" "[" MUSER_EMBEDDED "${MUSER_EMBEDDED}")
+string(REPLACE "@MUSER_RB@" "]" MUSER_EMBEDDED "${MUSER_EMBEDDED}")
 # raw string literals of at most ~16 KiB each (some compilers limit one literal)
 string(LENGTH "${MUSER_EMBEDDED}" n)
 set(body "")

@@ -26,6 +26,7 @@
 #include "metal_device.h"
 #include "muser/kernel_args.h"
 #include "muser/logsumexp.h"
+#include "muser/sample.h"
 #include "muser/topk_key.h"
 #include "quant_types.h"
 
@@ -167,6 +168,7 @@ class MetalDevice final : public Device {
     c.dlpack_device = 1;        // the logits: shared MTLBuffers, host memory to DLPack
     c.compute_device = 8;       // kDLMetal: what runs the kernels (the pinned route dispatches on it)
     c.max_topk = kTopkMax;
+    c.sample_on_device = true;  // sample(): sample.metal (top_p without top_k: the host)
     return c;
   }
 
@@ -228,32 +230,7 @@ class MetalDevice final : public Device {
     }
     std::vector<StepEncoding> steps(1);
     steps[0].label = "topk";
-    int64_t n = V, chunks = (V + kTopkChunk - 1) / kTopkChunk;
-    const size_t key_bytes = (size_t)t * (size_t)chunks * (size_t)k * sizeof(uint64_t);
-    ensure(&keys_[0], key_bytes, "top-k keys");
-    ensure(&keys_[1], key_bytes, "top-k keys");
-    int cur = 0;
-    bool from_logits = true;
-    for (;;) {
-      TopkKargs a;
-      a.n = n;
-      a.chunks = chunks;
-      a.k = k;
-      a.rows = t;
-      Dispatch d;
-      d.kernel = from_logits ? "topk_stage_f32" : "topk_stage_keys";
-      d.buffers = {{from_logits ? src : &keys_[1 - cur].buf, 0, 1, Access::Read}, {&keys_[cur].buf, 0, 2, Access::Write}};
-      d.bytes = {Bytes::of(a, 0)};
-      d.threadgroups = (uint64_t)chunks * (uint64_t)t;
-      d.threads = 32;
-      d.barrier_before = !steps[0].dispatches.empty();
-      steps[0].dispatches.push_back(d);
-      if (chunks == 1) break;
-      n = chunks * k;
-      chunks = (n + kTopkChunk - 1) / kTopkChunk;
-      from_logits = false;
-      cur = 1 - cur;
-    }
+    const Buffer* keys = encode_topk_keys(src, t, k, &steps[0].dispatches);
     ensure(&topk_ids_, (size_t)t * k * sizeof(int64_t), "top-k ids");
     ensure(&topk_vals_, (size_t)t * k * sizeof(float), "top-k values");
     TopkKargs g;
@@ -263,7 +240,7 @@ class MetalDevice final : public Device {
     g.rows = t;
     Dispatch d;
     d.kernel = "topk_gather_f32";
-    d.buffers = {{&keys_[cur].buf, 0, 1, Access::Read}, {src, 0, 2, Access::Read},
+    d.buffers = {{keys, 0, 1, Access::Read}, {src, 0, 2, Access::Read},
                  {&topk_ids_.buf, 0, 3, Access::Write}, {&topk_vals_.buf, 0, 4, Access::Write}};
     d.bytes = {Bytes::of(g, 0)};
     d.threadgroups = groups((uint64_t)t * k, 64);
@@ -284,7 +261,7 @@ class MetalDevice final : public Device {
     if (out.keep_on_device) throw DeviceError("device 'metal': scores are host memory on Metal; none stay on a device");
     const int m = out.m;
     const Buffer* y = run_into(hidden, t, nullptr, nullptr);
-    const ReduceKargs a = reduce_kargs(t, m);
+    const TileRowsKargs a = reduce_kargs(t, m);
     std::vector<StepEncoding> steps(1);
     steps[0].label = "score";
     std::vector<Dispatch>& ds = steps[0].dispatches;
@@ -324,12 +301,99 @@ class MetalDevice final : public Device {
     }
   }
 
+  // Device::sample on the device (sample.metal), the CPU's bits: greedy, the race
+  // over every finite z (temperature, min_p, logit_bias, allowed), and top_k up to
+  // kTopkMax with or without top_p (its cut among the k best). top_p without
+  // top_k -- a cut anywhere in the row's order -- is the host's (false).
+  bool sample(const float* hidden, bool hidden_resident, int t, SampleRequest& req, SampleResult* out) override {
+    if (hidden_resident)
+      throw DeviceError("device 'metal': hidden states are host memory on Metal (unified memory); pass a host array");
+    const SampleParams& p = req.params;
+    const int64_t V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
+    const bool greedy = !(p.temperature > 0.0f);
+    const int k = greedy ? 0 : p.top_k;
+    if (t < 1 || req.keep_on_device || (!greedy && p.top_p < 1.0f && k == 0) || k > kTopkMax || k > V) return false;
+    const Buffer* y = run_into(hidden, t, nullptr, nullptr);
+    TileRowsKargs a;
+    a.V = V;
+    a.tiles = tiles;
+    a.rows = t;
+    a.m = k;
+    a.has_bias = req.bias != nullptr;
+    a.has_allowed = req.allowed != nullptr;
+    const size_t cells = (size_t)t * (size_t)tiles;
+    ensure(&z_, (size_t)t * (size_t)V * sizeof(float), "processed logits");
+    ensure(&pairs_, cells * sizeof(LsePair), "tile pairs");
+    ensure(&raw_pairs_, cells * sizeof(LsePair), "the kept raw logits' tile pairs");
+    ensure(&tile_keys_, cells * sizeof(uint64_t), "tile keys");
+    ensure(&tile_bad_, cells * sizeof(uint32_t), "tile verdicts");
+    ensure(&sample_rows_, (size_t)t * sizeof(SampleTileRow), "sampling row state");
+    ensure(&sample_out_, (size_t)t * sizeof(SampleResult), "samples");
+    ensure(&positions_, (size_t)t * sizeof(uint64_t), "positions");
+    std::memcpy(positions_.buf.contents, req.positions, (size_t)t * sizeof(uint64_t));
+    ensure(&bias_, a.has_bias ? (size_t)V * sizeof(float) : 16, "logit_bias");
+    if (a.has_bias) std::memcpy(bias_.buf.contents, req.bias, (size_t)V * sizeof(float));
+    ensure(&allowed_, a.has_allowed ? (size_t)V : 16, "allowed");
+    if (a.has_allowed) std::memcpy(allowed_.buf.contents, req.allowed, (size_t)V);
+    const Bytes kargs = Bytes::of(a, 0), params = Bytes::of(p, 1);
+    auto dispatch = [&](const char* kernel, std::vector<Binding> buffers, uint64_t groups_, uint32_t threads) {
+      Dispatch d;
+      d.kernel = kernel;
+      d.bytes = {kargs, params};
+      d.buffers = std::move(buffers);
+      d.threadgroups = groups_;
+      d.threads = threads;
+      d.barrier_before = true;  // each step reads what the one before wrote
+      return d;
+    };
+    const Binding logits{y, 0, 2, Access::Read}, z_in{&z_.buf, 0, 3, Access::Read};
+    std::vector<StepEncoding> steps(1);
+    steps[0].label = "sample";
+    std::vector<Dispatch>& ds = steps[0].dispatches;
+    ds.push_back(dispatch("sample_tiles_f32",
+                          {logits, {&z_.buf, 0, 3, Access::Write}, {&bias_.buf, 0, 4, Access::Read},
+                           {&allowed_.buf, 0, 5, Access::Read}, {&pairs_.buf, 0, 7, Access::Write},
+                           {&tile_keys_.buf, 0, 8, Access::Write}, {&tile_bad_.buf, 0, 9, Access::Write}},
+                          cells, 32));
+    ds.front().barrier_before = false;
+    ds.push_back(dispatch("sample_rows_f32",
+                          {logits, z_in, {&pairs_.buf, 0, 7, Access::ReadWrite}, {&tile_keys_.buf, 0, 8, Access::Read},
+                           {&tile_bad_.buf, 0, 9, Access::Read}, {&sample_rows_.buf, 0, 10, Access::Write},
+                           {&sample_out_.buf, 0, 11, Access::Write}},
+                          groups((uint64_t)t, 32), 32));
+    if (!greedy) {
+      if (k > 0) {
+        const Buffer* best = encode_topk_keys(&z_.buf, t, k, &ds);
+        ds.push_back(dispatch("sample_cut_f32",
+                              {z_in, {&sample_rows_.buf, 0, 10, Access::ReadWrite},
+                               {&sample_out_.buf, 0, 11, Access::Read}, {best, 0, 12, Access::Read}},
+                              groups((uint64_t)t, 32), 32));
+      }
+      ds.push_back(dispatch("sample_kept_tiles_f32",
+                            {logits, z_in, {&positions_.buf, 0, 6, Access::Read}, {&pairs_.buf, 0, 7, Access::Write},
+                             {&tile_keys_.buf, 0, 8, Access::Write}, {&sample_rows_.buf, 0, 10, Access::Read},
+                             {&sample_out_.buf, 0, 11, Access::Read}, {&raw_pairs_.buf, 0, 13, Access::Write}},
+                            cells, 32));
+      ds.push_back(dispatch("sample_kept_rows_f32",
+                            {logits, z_in, {&pairs_.buf, 0, 7, Access::ReadWrite}, {&tile_keys_.buf, 0, 8, Access::Read},
+                             {&sample_rows_.buf, 0, 10, Access::Read}, {&sample_out_.buf, 0, 11, Access::ReadWrite},
+                             {&raw_pairs_.buf, 0, 13, Access::ReadWrite}},
+                            groups((uint64_t)t, 32), 32));
+    }
+    submit(steps, nullptr);
+    std::memcpy(out, sample_out_.buf.contents, (size_t)t * sizeof(SampleResult));
+    req.first_nonfinite = -1;
+    for (int r = 0; r < t; ++r)
+      if (out[r].status != kSampleOk) return false;  // the host names the row's problem
+    return true;
+  }
+
   // log-softmax of logits a call wrote into one of this device's shared buffers:
   // the logsumexps, then the subtraction, in place.
   bool log_softmax_in_place(float* logits, int t) override {
     const Buffer* y = t > 0 ? shared_->find(logits, bytes_of_logits(t)) : nullptr;
     if (!y) return false;  // memory not made here: the host reduces it
-    const ReduceKargs a = reduce_kargs(t, 0);
+    const TileRowsKargs a = reduce_kargs(t, 0);
     std::vector<StepEncoding> steps(1);
     steps[0].label = "log_softmax";
     encode_logsumexp(a, y, &steps[0].dispatches);
@@ -345,11 +409,45 @@ class MetalDevice final : public Device {
     return true;
   }
 
+  // topk.metal's stages over rows [t x V] of src: each chunk's k best keys, then the
+  // chunks' winners, until one chunk is left; returns the buffer whose first t x k
+  // keys are each row's k best, best first. The first stage waits for what came before.
+  const Buffer* encode_topk_keys(const Buffer* src, int t, int k, std::vector<Dispatch>* ds) {
+    const int64_t V = spec_.vocab;
+    int64_t n = V, chunks = (V + kTopkChunk - 1) / kTopkChunk;
+    const size_t key_bytes = (size_t)t * (size_t)chunks * (size_t)k * sizeof(uint64_t);
+    ensure(&keys_[0], key_bytes, "top-k keys");
+    ensure(&keys_[1], key_bytes, "top-k keys");
+    int cur = 0;
+    bool from_logits = true;
+    for (;;) {
+      TopkKargs a;
+      a.n = n;
+      a.chunks = chunks;
+      a.k = k;
+      a.rows = t;
+      Dispatch d;
+      d.kernel = from_logits ? "topk_stage_f32" : "topk_stage_keys";
+      d.buffers = {{from_logits ? src : &keys_[1 - cur].buf, 0, 1, Access::Read}, {&keys_[cur].buf, 0, 2, Access::Write}};
+      d.bytes = {Bytes::of(a, 0)};
+      d.threadgroups = (uint64_t)chunks * (uint64_t)t;
+      d.threads = 32;
+      d.barrier_before = !ds->empty();
+      ds->push_back(d);
+      if (chunks == 1) break;
+      n = chunks * k;
+      chunks = (n + kTopkChunk - 1) / kTopkChunk;
+      from_logits = false;
+      cur = 1 - cur;
+    }
+    return &keys_[cur].buf;
+  }
+
  private:
   Context* ctx() const { return shared_->ctx; }
 
-  ReduceKargs reduce_kargs(int t, int m) const {
-    ReduceKargs a;
+  TileRowsKargs reduce_kargs(int t, int m) const {
+    TileRowsKargs a;
     a.V = spec_.vocab;
     a.tiles = (spec_.vocab + kLseTile - 1) / kLseTile;
     a.rows = t;
@@ -359,7 +457,7 @@ class MetalDevice final : public Device {
 
   // Each row's logsumexp of logits y into lse_: the tile pairs, then (after a
   // barrier) the tile trees.
-  void encode_logsumexp(const ReduceKargs& a, const Buffer* y, std::vector<Dispatch>* ds) {
+  void encode_logsumexp(const TileRowsKargs& a, const Buffer* y, std::vector<Dispatch>* ds) {
     ensure(&pairs_, (size_t)a.rows * (size_t)a.tiles * sizeof(LsePair), "tile pairs");
     ensure(&lse_, (size_t)a.rows * sizeof(float), "logsumexps");
     Dispatch pairs;
@@ -635,6 +733,7 @@ class MetalDevice final : public Device {
   std::unique_ptr<Owned> gamma_;
   Owned hidden_, normed_, logits_, xq_, dx_, s32_, topk_in_, keys_[2], topk_ids_, topk_vals_;
   Owned pairs_, lse_, score_ids_, score_vals_, score_lp_, score_ranks_;  // score()
+  Owned z_, raw_pairs_, tile_keys_, tile_bad_, sample_rows_, sample_out_, positions_, bias_, allowed_;  // sample()
 };
 
 }  // namespace

@@ -77,15 +77,26 @@ struct TopkKargs {
 };
 static_assert(sizeof(TopkKargs) == 24, "TopkKargs is 24 bytes on every backend");
 
-// The consumer's reductions over `rows` rows of V logits on a device
-// (vocab_reduce.metal): tiles of kLseTile ids, `m` chosen ids a row for score.
-struct ReduceKargs {
+
+// The consumer's kernels over `rows` rows of V logits in tiles of kLseTile ids
+// (Metal's vocab_reduce.metal and sample.metal).
+struct TileRowsKargs {
   int64_t V = 0;
-  int64_t tiles = 0;  // per row: ceil(V / kLseTile)
+  int64_t tiles = 0;        // per row: ceil(V / kLseTile)
   int32_t rows = 0;
-  int32_t m = 0;
+  int32_t m = 0;            // score: chosen ids a row; sample: top_k's candidates a row (0: no top_k)
+  int32_t has_bias = 0;     // sample: a logit_bias buffer is bound
+  int32_t has_allowed = 0;  // sample: an allowed mask is bound
 };
-static_assert(sizeof(ReduceKargs) == 24, "ReduceKargs is 24 bytes on every backend");
+static_assert(sizeof(TileRowsKargs) == 32, "TileRowsKargs is 32 bytes on every backend");
+// A row's state between sample.metal's kernels: the largest z, the logits'
+// logsumexp, the order cut (the key of the last kept token; 0: none).
+struct SampleTileRow {
+  float m = 0;
+  float lse = 0;
+  uint64_t cut = 0;
+};
+static_assert(sizeof(SampleTileRow) == 16, "SampleTileRow is 16 bytes on every backend");
 
 // The Metal read-bandwidth probe (bandwidth.metal): n 32-bit words read by a
 // grid of `stride` threads.

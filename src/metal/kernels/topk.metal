@@ -39,12 +39,7 @@ void topk_stage(constant TopkKargs& a, device const float* logits, device const 
     ulong best = 0;
     for (int i = 0; i < kTopkPerLane; ++i)
       if (item[i] < limit && item[i] > best) best = item[i];
-    for (ushort off = 16; off >= 1; off >>= 1) {
-      const uint hi = metal::simd_shuffle_xor((uint)(best >> 32), off);
-      const uint lo = metal::simd_shuffle_xor((uint)(best & 0xFFFFFFFFu), off);
-      const ulong o = ((ulong)hi << 32) | (ulong)lo;
-      best = o > best ? o : best;
-    }
+    best = simd_max_key(best);
     if (lane == 0) out[pass] = best;
     limit = best;
   }

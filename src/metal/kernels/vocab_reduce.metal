@@ -13,7 +13,7 @@
 //                       rank ahead (ranks_ahead: a larger logit, or an equal
 //                       one at a lower id; NaN behind every number) -- an
 //                       integer count, so the order of its sum is free
-// Buffers: 0 ReduceKargs, 1 logits [rows x V], 2 pairs [rows x tiles] ((m, s) floats),
+// Buffers: 0 TileRowsKargs, 1 logits [rows x V], 2 pairs [rows x tiles] ((m, s) floats),
 // 3 lse [rows], 4 ids [rows x m] (int64), 5 values, 6 logprobs [rows x m],
 // 7 ranks [rows x m] (int64).
 // Grids: tiles * rows threadgroups of 32 (pairs, ranks: rows * m), rows and
@@ -23,29 +23,7 @@
 
 using namespace muser;
 
-namespace {
-
-// A row's tile pairs in device memory as (m, s) floats, indexed as lse_tree
-// indexes its array (an element reads as an LsePair and takes one): MSL copies
-// no struct between address spaces through a C++ assignment.
-struct DevicePairs {
-  struct Ref {
-    device float* q;
-    operator LsePair() const { return LsePair{q[0], q[1]}; }
-    Ref& operator=(LsePair v) {
-      q[0] = v.m;
-      q[1] = v.s;
-      return *this;
-    }
-    Ref& operator=(const Ref& r) { return *this = (LsePair)r; }
-  };
-  device float* p;
-  Ref operator[](int k) const { return Ref{p + 2 * k}; }
-};
-
-}  // namespace
-
-MUSER_KERNEL(lse_tile_pairs_f32, MUSER_ARG_CONSTANT(ReduceKargs, a, 0), MUSER_ARG_BUFFER_IN(float, logits, 1),
+MUSER_KERNEL(lse_tile_pairs_f32, MUSER_ARG_CONSTANT(TileRowsKargs, a, 0), MUSER_ARG_BUFFER_IN(float, logits, 1),
              MUSER_ARG_BUFFER_OUT(float, pairs, 2), MUSER_ARG_TGID(group), MUSER_ARG_LANE(lane)) {
   const int64_t tile = (int64_t)group % a.tiles, row = (int64_t)group / a.tiles;
   const int64_t i0 = tile * kLseTile;
@@ -53,30 +31,25 @@ MUSER_KERNEL(lse_tile_pairs_f32, MUSER_ARG_CONSTANT(ReduceKargs, a, 0), MUSER_AR
   device const float* v = logits + row * a.V + i0;
   LsePair p = lse_empty();
   for (int i = (int)lane; i < n; i += kCanonLanes) p = lse_push(p, v[i]);
-  for (ushort off = 16; off >= 1; off >>= 1) {  // lane l < off joins lane l + off = l ^ off
-    LsePair o;
-    o.m = metal::simd_shuffle_xor(p.m, off);
-    o.s = metal::simd_shuffle_xor(p.s, off);
-    if (lane < off) p = lse_merge(p, o);
-  }
+  p = simd_lse_join(p, (ushort)lane);
   if (lane == 0) DevicePairs{pairs}[(int)(row * a.tiles + tile)] = p;
 }
 
-MUSER_KERNEL(lse_join_f32, MUSER_ARG_CONSTANT(ReduceKargs, a, 0), MUSER_ARG_BUFFER_INOUT(float, pairs, 2),
+MUSER_KERNEL(lse_join_f32, MUSER_ARG_CONSTANT(TileRowsKargs, a, 0), MUSER_ARG_BUFFER_INOUT(float, pairs, 2),
              MUSER_ARG_BUFFER_OUT(float, lse, 3), MUSER_ARG_TID(row)) {
   if ((int)row >= a.rows) return;
   lse[row] = lse_value(lse_tree(DevicePairs{pairs + 2 * (int64_t)row * a.tiles}, (int)a.tiles));
 }
 
 // logits[row, i] - lse[row], in place: log-softmax (one thread per logit).
-MUSER_KERNEL(log_softmax_f32, MUSER_ARG_CONSTANT(ReduceKargs, a, 0), MUSER_ARG_BUFFER_INOUT(float, logits, 1),
+MUSER_KERNEL(log_softmax_f32, MUSER_ARG_CONSTANT(TileRowsKargs, a, 0), MUSER_ARG_BUFFER_INOUT(float, logits, 1),
              MUSER_ARG_BUFFER_IN(float, lse, 3), MUSER_ARG_TID(pos)) {
   const int64_t row = (int64_t)pos / a.V;
   if (row >= a.rows) return;
   logits[pos] = logits[pos] - lse[row];
 }
 
-MUSER_KERNEL(score_values_f32, MUSER_ARG_CONSTANT(ReduceKargs, a, 0), MUSER_ARG_BUFFER_IN(float, logits, 1),
+MUSER_KERNEL(score_values_f32, MUSER_ARG_CONSTANT(TileRowsKargs, a, 0), MUSER_ARG_BUFFER_IN(float, logits, 1),
              MUSER_ARG_BUFFER_IN(float, lse, 3), MUSER_ARG_BUFFER_IN(long, ids, 4),
              MUSER_ARG_BUFFER_OUT(float, values, 5), MUSER_ARG_BUFFER_OUT(float, logprobs, 6), MUSER_ARG_TID(q)) {
   const int64_t row = (int64_t)q / a.m;
@@ -86,7 +59,7 @@ MUSER_KERNEL(score_values_f32, MUSER_ARG_CONSTANT(ReduceKargs, a, 0), MUSER_ARG_
   logprobs[q] = v - lse[row];
 }
 
-MUSER_KERNEL(score_ranks_f32, MUSER_ARG_CONSTANT(ReduceKargs, a, 0), MUSER_ARG_BUFFER_IN(float, logits, 1),
+MUSER_KERNEL(score_ranks_f32, MUSER_ARG_CONSTANT(TileRowsKargs, a, 0), MUSER_ARG_BUFFER_IN(float, logits, 1),
              MUSER_ARG_BUFFER_IN(long, ids, 4), MUSER_ARG_BUFFER_OUT(long, ranks, 7), MUSER_ARG_TGID(q),
              MUSER_ARG_LANE(lane)) {
   const int64_t row = (int64_t)q / a.m, tok = ids[q];
