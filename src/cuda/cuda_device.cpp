@@ -499,7 +499,7 @@ class CudaDevice final : public Device {
     }
     if (req.k) ensure_select(t, req.k, req.ids_only);
     if (req.k && slot && !capturing && select_in_matvec(t, req.ids_only ? 0 : req.k))
-      ex.sink = select_sink(*slot, t, req.ids_only, reinterpret_cast<int64_t*>(ex.result_dev + 8), &ex.sink_bests);
+      ex.sink = select_sink(*slot, t, req.ids_only, reinterpret_cast<int64_t*>(ex.result_dev + 8), &ex.sink_ranked);
     if (req.log_softmax) ensure_log_softmax(t);  // before any capture: a first sizing zeroes and synchronizes
 
     if (slot && !capturing) {
@@ -713,7 +713,7 @@ class CudaDevice final : public Device {
   // Whether the call's selection can run inside the route's matvec (Q8Args::select):
   // a q8 matvec step that ends the route, whose node (if any) it applies itself, in
   // one launch of at most kQ8FoldMaxTokens tokens; for top-k (k > 0) one group of
-  // rows whose chunk bests topk_threshold_from_bests ranks. Then greedy decoding
+  // rows whose chunk bests the matvec's last CTA ranks. Then greedy decoding
   // never writes the logits, and top-k's first pass over them is gone.
   // On by default for argmax (H100, seed head, t = 1: 8 us less GPU time a call);
   // top-k's partials only with MUSER_SELECT_IN_MATVEC=1 (measured: docs/performance.md,
@@ -1119,7 +1119,7 @@ class CudaDevice final : public Device {
     int k = 0;                 // the k best of each row: ids at result byte 8, then the values
     bool ids_only = false;     // argmax (k == 1)
     const SelectSink* sink = nullptr;  // the selection (or its partials) inside the route's q8 matvec (select_sink)
-    unsigned long long* sink_bests = nullptr;  // top-k: the sink's chunk bests
+    unsigned long long* sink_ranked = nullptr;  // top-k: the sink's chunk bests, ranked by the matvec
     bool fork = false;         // the scan on a side branch of the graph, beside the route
     bool log_softmax = false;
     uint8_t* result_dev = nullptr;   // mapped host memory (MappedHost): the kernels write it
@@ -1228,11 +1228,11 @@ class CudaDevice final : public Device {
   }
 
   // The slot's selection sinks for t tokens: the argmax one (ids to `ids`, mapped
-  // memory) or the top-k one (its chunk bests in *bests). Laid out as two SelectSinks,
-  // the done word, the argmax keys [t], the chunk bests [t x chunks], all zero as
-  // the kernels leave them; rewritten only when it grows or the ids move (a
-  // synchronous copy, rare).
-  const SelectSink* select_sink(LogitsSlot& slot, int t, bool argmax, int64_t* ids, unsigned long long** bests) {
+  // memory) or the top-k one (its chunk bests ranked into *ranked). Laid out as two
+  // SelectSinks, the done word, the argmax keys [t], the chunk bests [t x chunks]
+  // (all zero as the kernels leave them), the ranked bests [t x chunks]; rewritten
+  // only when it grows or the ids move (a synchronous copy, rare).
+  const SelectSink* select_sink(LogitsSlot& slot, int t, bool argmax, int64_t* ids, unsigned long long** ranked) {
     constexpr size_t kDone = 2 * sizeof(SelectSink), kKeys = kDone + 8;
     const int64_t chunks = topk_chunks(spec_.vocab);
     auto* base = slot.sink ? static_cast<uint8_t*>(slot.sink->ptr) : nullptr;
@@ -1243,7 +1243,8 @@ class CudaDevice final : public Device {
     };
     if (!slot.sink || slot.sink_t < t) {
       slot.sink.reset();
-      slot.sink = std::make_unique<DeviceMemory>(kKeys + 8 * (size_t)t * (1 + (size_t)chunks), ordinal_, "selection keys");
+      slot.sink = std::make_unique<DeviceMemory>(kKeys + 8 * (size_t)t * (1 + 2 * (size_t)chunks), ordinal_,
+                                                 "selection keys");
       check(cudaMemset(slot.sink->ptr, 0, slot.sink->bytes), "cudaMemset (selection keys)");
       base = static_cast<uint8_t*>(slot.sink->ptr);
       keys = reinterpret_cast<unsigned long long*>(base + kKeys);
@@ -1252,9 +1253,10 @@ class CudaDevice final : public Device {
       SelectSink topk;
       topk.best = keys + t;
       topk.chunks = chunks;
+      topk.ranked = topk.best + (size_t)t * chunks;
       header(1, topk);
     }
-    *bests = keys + slot.sink_t;
+    *ranked = keys + slot.sink_t + (size_t)slot.sink_t * chunks;
     if (!argmax) return reinterpret_cast<const SelectSink*>(base + sizeof(SelectSink));
     if (slot.sink_ids != ids) {
       SelectSink h;
@@ -1367,7 +1369,7 @@ class CudaDevice final : public Device {
       auto* ids = reinterpret_cast<int64_t*>(ex.result_dev + 8);
       auto* vals = reinterpret_cast<float*>(ex.result_dev + 8 + (size_t)t * ex.k * sizeof(int64_t));
       if (ex.sink)  // the chunk bests came from the matvec
-        topk_threshold_from_bests(logits, spec_.vocab, t, ex.k, ex.sink_bests, sel_.mem->ptr,
+        topk_threshold_from_bests(logits, spec_.vocab, t, ex.k, ex.sink_ranked, sel_.mem->ptr,
                                   static_cast<unsigned*>(sel_sync_.mem->ptr), ids, vals, stream_);
       else
         enqueue_select(logits, t, ex.k, ex.ids_only, ids, vals);

@@ -85,7 +85,9 @@ bool q8_supported(uint32_t type);
 //    and leaves best and done zero, as it found them;
 //  - top-k partials (ids null): the logits are stored, and each 1,024-id chunk's
 //    best key folds into best[token * chunks + chunk] -- what topk_threshold's
-//    first kernel computes -- which topk_threshold_from_bests reads and zeroes.
+//    first kernel computes; the launch's last CTA ranks each token's bests into
+//    ranked[token * chunks ...], best first (any k's threshold is one read for
+//    topk_threshold_from_bests), and leaves best and done zero.
 // In device memory: Q8Args holds a pointer to it (three pointers more in Q8Args
 // made the streamed kernel spill).
 struct SelectSink {
@@ -93,6 +95,7 @@ struct SelectSink {
   unsigned* done = nullptr;            // argmax: CTAs finished, zero before the launch
   int64_t* ids = nullptr;              // argmax: [t] the argmax of each token's logits
   int64_t chunks = 0;                  // top-k: chunks a token (sel_chunks(V))
+  unsigned long long* ranked = nullptr;  // top-k: [t x chunks] each token's chunk bests, best first
 };
 struct Q8Args : WeightArgs, Q8ActsKargs {
   const int8_t* xq = nullptr;     // [t x xq_pitch] quantized activations, zero past cols
@@ -147,10 +150,10 @@ void topk_threshold(const float* logits, int64_t V, int t, int k, void* scratch,
 // Whether the q8 matvec computes topk_threshold's chunk bests for (V, t, k)
 // (SelectSink, top-k partials): one group of rows whose bests one CTA ranks.
 bool topk_bests_fit(int64_t V, int t, int k);
-// topk_threshold with each row's chunk bests already in bests [t x sel_chunks(V)]
-// (the matvec's partials); its kernel zeroes them again.
-void topk_threshold_from_bests(const float* logits, int64_t V, int t, int k, unsigned long long* bests, void* scratch,
-                               unsigned* sync, int64_t* ids, float* vals, cudaStream_t stream);
+// topk_threshold's gather with each row's chunk bests already ranked in ranked
+// [t x sel_chunks(V)], best first (the matvec's partials): the k-th is the threshold.
+void topk_threshold_from_bests(const float* logits, int64_t V, int t, int k, const unsigned long long* ranked,
+                               void* scratch, unsigned* sync, int64_t* ids, float* vals, cudaStream_t stream);
 // Where topk_threshold's first kernel leaves one group's (t <= 16 rows) chunk bests
 // [t x topk_chunks(V)] and thresholds [t] in its scratch, for a kernel that
 // computes them itself; topk_threshold_gather is then its second kernel alone.

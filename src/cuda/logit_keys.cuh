@@ -47,19 +47,28 @@ __device__ __forceinline__ unsigned long long cta_max(unsigned long long best) {
 
 // A top-k threshold: among a row's chunk bests (global, [chunks]; each chunk's best
 // key, so they are distinct) the one with exactly k - 1 above it, into *out: the
-// row's k best keys are all >= it (topk.cu's topk_threshold). They are compared
-// from shared memory (staged: room for kStaged, 16-byte aligned; a loop of
-// dependent L2 loads costs microseconds), two a load and without a branch where
-// they all fit (the loop with the branch for an unstaged tail was ~9 us at 198
-// chunks). Every thread of the CTA (kThreads) calls it.
+// row's k best keys are all >= it (topk.cu's topk_threshold). With `ranked`, every
+// best also goes to ranked[its rank] (the bests best first), so any k's threshold
+// is one read later (out may then be null). They are compared from shared memory
+// (staged: room for kStaged, or staged_cap < kStaged, an even count, 16-byte
+// aligned; a loop of dependent L2 loads costs microseconds), two a load and
+// without a branch where they all fit (the loop with the branch for an unstaged
+// tail was ~9 us at 198 chunks). Every thread of the CTA (kThreads) calls it.
 template <int kThreads, int kStaged>
 __device__ __forceinline__ void threshold_of_bests(const unsigned long long* row_best, unsigned chunks, int k,
-                                                   unsigned long long* staged, unsigned long long* out) {
+                                                   unsigned long long* staged, unsigned long long* out,
+                                                   unsigned long long* ranked = nullptr,
+                                                   unsigned staged_cap = kStaged) {
   static_assert(kStaged % 2 == 0, "staged in pairs");
-  const unsigned n = chunks < (unsigned)kStaged ? chunks : (unsigned)kStaged;
+  const unsigned cap = staged_cap < (unsigned)kStaged ? staged_cap & ~1u : (unsigned)kStaged;
+  const unsigned n = chunks < cap ? chunks : cap;
   const unsigned n2 = (n + 1) & ~1u;  // the pad key 0 is below every real one
   for (unsigned c = threadIdx.x; c < n2; c += kThreads) staged[c] = c < n ? __ldcg(row_best + c) : 0ull;
   __syncthreads();
+  auto place = [&](unsigned long long v, unsigned above) {
+    if (above == (unsigned)k - 1 && out) *out = v;
+    if (ranked) ranked[above] = v;
+  };
   if (n == chunks) {
     const auto* pairs = reinterpret_cast<const ulonglong2*>(staged);
     for (unsigned c = threadIdx.x; c < chunks; c += kThreads) {
@@ -70,15 +79,15 @@ __device__ __forceinline__ void threshold_of_bests(const unsigned long long* row
         const ulonglong2 p = pairs[d];
         above += (p.x > v) + (p.y > v);
       }
-      if (above == (unsigned)k - 1) *out = v;
+      place(v, above);
     }
     return;
   }
   for (unsigned c = threadIdx.x; c < chunks; c += kThreads) {
     const unsigned long long v = c < n ? staged[c] : __ldcg(row_best + c);
-    int above = 0;
+    unsigned above = 0;
     for (unsigned d = 0; d < chunks; ++d) above += (d < n ? staged[d] : __ldcg(row_best + d)) > v;
-    if (above == k - 1) *out = v;
+    place(v, above);
   }
 }
 

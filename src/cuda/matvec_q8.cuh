@@ -768,6 +768,34 @@ __device__ __forceinline__ void finish_argmax_q8(const Q8Args& a, const Run& run
   if (threadIdx.x == 0) *sink.done = 0;
 }
 
+// The end of a launch with top-k partials (every thread calls it, after its last
+// tile; smem: the kernel's dynamic shared memory, free by then; kThreads: the
+// CTA's threads). The launch's last CTA to get here -- a ticket after a fence, so
+// every CTA's partials are in -- ranks each token's chunk bests into
+// sink.ranked, best first (threshold_of_bests, staged in smem as far as it
+// holds them), and leaves the bests and the ticket zero for the next launch.
+template <int kThreads, class Run>
+__device__ __forceinline__ void finish_topk_q8(const Q8Args& a, void* smem) {
+  if constexpr (Run::kPartials) {
+    if (!a.select || a.select->ids || !a.select->ranked) return;
+    __threadfence();
+    if (!__syncthreads_or(threadIdx.x == 0 && atomicAdd(a.select->done, 1u) == gridDim.x - 1)) return;
+    __threadfence();
+    const SelectSink sink = *a.select;
+    unsigned smem_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
+    auto* staged = static_cast<unsigned long long*>(smem);
+    const unsigned chunks = (unsigned)sink.chunks;
+    for (int k = 0; k < a.t; ++k) {
+      threshold_of_bests<kThreads, 1024>(sink.best + k * chunks, chunks, 0, staged, nullptr, sink.ranked + k * chunks,
+                                         smem_bytes / 8);
+      __syncthreads();  // every thread is done with staged
+    }
+    for (int i = threadIdx.x; i < a.t * (int)chunks; i += kThreads) sink.best[i] = 0;
+    if (threadIdx.x == 0) *sink.done = 0;
+  }
+}
+
 // Stores the lane's logits of a (row, token) tile: y[nt][i] is token nt*8 + 2q + (i & 1)
 // of row r + 8*(i >> 1) (the mma C fragment) -- first through the route's
 // element-wise node when the route fuses it into the matvec (fold_q8_tile; it
@@ -878,7 +906,10 @@ __global__ void __launch_bounds__(kMatvecThreads, Q8MinCtasPerSm<NT>::value)
 
     finish_q8_tile<Dec, NT, decltype(run)>(a, acc_q, acc_m, q, row0 + G, run);
   }
-  if constexpr (8 * NT <= kQ8FoldMaxTokens) finish_argmax_q8<NT, decltype(run)>(a, run, smem_q8);  // larger tiles take no sink
+  if constexpr (8 * NT <= kQ8FoldMaxTokens) {  // larger tiles take no sink
+    finish_argmax_q8<NT, decltype(run)>(a, run, smem_q8);
+    finish_topk_q8<kMatvecThreads, decltype(run)>(a, smem_q8);
+  }
 }
 
 // ---------------------------------------------------------------- the staged kernel (t <= 8, Q4_K/Q5_K/Q8_0)
@@ -1072,7 +1103,10 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
     finish_q8_tile<Dec, NT, decltype(run)>(a, acc_q, acc_m, q, row0 + G, run);
   }
   cp_async_wait<0>();  // no copy is left in flight at exit (the last ones are empty groups)
-  if constexpr (8 * NT <= kQ8FoldMaxTokens) finish_argmax_q8<NT, decltype(run)>(a, run, smem_q8);  // larger tiles take no sink
+  if constexpr (8 * NT <= kQ8FoldMaxTokens) {  // larger tiles take no sink
+    finish_argmax_q8<NT, decltype(run)>(a, run, smem_q8);
+    finish_topk_q8<Q8StagedCta<NT>::threads, decltype(run)>(a, smem_q8);
+  }
 }
 
 // ---------------------------------------------------------------- the streamed batch kernel (8 < t <= 32)
@@ -1204,7 +1238,10 @@ __global__ void __launch_bounds__(Q8StreamLayout<Dec>::kThreads, 1) matvec_q8_st
     finish_q8_tile<Dec, NT, decltype(run)>(a, acc_q, acc_m, q, row0 + G, run);
   }
   cp_async_wait<0>();  // no copy is left in flight at exit (the last ones are empty groups)
-  if constexpr (8 * NT <= kQ8FoldMaxTokens) finish_argmax_q8<NT, decltype(run)>(a, run, smem_q8);  // larger tiles take no sink
+  if constexpr (8 * NT <= kQ8FoldMaxTokens) {  // larger tiles take no sink
+    finish_argmax_q8<NT, decltype(run)>(a, run, smem_q8);
+    finish_topk_q8<Q8StreamLayout<Dec>::kThreads, decltype(run)>(a, smem_q8);
+  }
 }
 
 template <class Dec, class = void>

@@ -219,27 +219,18 @@ __device__ unsigned long long cta_kth_largest(const unsigned long long* c, unsig
 
 // The keys >= the row's threshold into cand[row] (count[row] of them); the
 // row's last CTA ranks them and writes the k best's ids and exact logits.
-// With bests (the matvec's chunk bests, [rows x gridDim.x]) in place of threshold,
-// each CTA first finds the row's threshold from them itself (threshold_of_bests)
-// and the row's last CTA zeroes them.
+// With ranked (the matvec's chunk bests, [rows x gridDim.x], each row best first)
+// in place of threshold, the row's threshold is its k-th.
 __global__ void topk_gather_kernel(const float* logits, int64_t V, int k, const unsigned long long* threshold,
-                                   unsigned long long* bests, unsigned long long* cand, unsigned* count,
+                                   const unsigned long long* ranked, unsigned long long* cand, unsigned* count,
                                    unsigned* done, int64_t* ids, float* vals) {
   pdl_launch_dependents();
   pdl_wait();  // every read below may be of an earlier node's writes (pdl.cuh)
   __shared__ __align__(16) unsigned long long staged[kSelRankKeys];
   __shared__ unsigned n_staged;
-  __shared__ unsigned long long limit_s;
   const int64_t row = blockIdx.y;
   const float* y = logits + row * V;
-  unsigned long long limit;
-  if (bests) {
-    threshold_of_bests<kSelThreads, kSelRankKeys>(bests + row * gridDim.x, gridDim.x, k, staged, &limit_s);
-    __syncthreads();
-    limit = limit_s;
-  } else {
-    limit = threshold[row];
-  }
+  const unsigned long long limit = ranked ? ranked[row * gridDim.x + k - 1] : threshold[row];
   unsigned long long* c = cand + row * V;
 #pragma unroll
   for (int i = 0; i < kSelItems; ++i) {
@@ -268,8 +259,6 @@ __global__ void topk_gather_kernel(const float* logits, int64_t V, int k, const 
     count[row] = 0;
     done[row] = 0;
   }
-  if (bests)  // every CTA of the row has read them (last_of_row)
-    for (unsigned c = threadIdx.x; c < gridDim.x; c += kSelThreads) bests[row * gridDim.x + c] = 0;
   const unsigned m = n_staged;
   for (unsigned q = threadIdx.x; q < m; q += kSelThreads) {
     const unsigned long long key = staged[q];
@@ -357,13 +346,13 @@ bool topk_bests_fit(int64_t V, int t, int k) {
   return topk_threshold_fits(V, t, k) && t <= kSelGroupRows && sel_chunks(V) <= kSelRankKeys;
 }
 
-void topk_threshold_from_bests(const float* logits, int64_t V, int t, int k, unsigned long long* bests, void* scratch,
-                               unsigned* sync, int64_t* ids, float* vals, cudaStream_t stream) {
+void topk_threshold_from_bests(const float* logits, int64_t V, int t, int k, const unsigned long long* ranked,
+                               void* scratch, unsigned* sync, int64_t* ids, float* vals, cudaStream_t stream) {
   if (!topk_bests_fit(V, t, k)) throw ArgValueError("internal: topk_threshold_from_bests does not take this (V, t, k)");
   auto* cand = static_cast<unsigned long long*>(scratch) + (size_t)t * sel_chunks(V) + t;  // topk_threshold's layout
   const dim3 grid((unsigned)sel_chunks(V), (unsigned)t);
   launch_consumer(topk_gather_kernel, grid, dim3(kSelThreads), 0, stream, "topk_threshold(gather)", logits, V, k,
-                  nullptr, bests, cand, sync + 2 * t, sync + t, ids, vals);
+                  nullptr, ranked, cand, sync + 2 * t, sync + t, ids, vals);
 }
 
 size_t topk_scratch_bytes(int64_t V, int t, int k) { return 2 * (size_t)t * chunks_of(V) * k * 8; }
