@@ -99,14 +99,8 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
     // sample_processed, one token
     float w = neg_inf;
     if (!a.allowed || a.allowed[id]) {
-      w = a.bias ? v[j] + a.bias[id] : v[j];
-      bool ok = w - w == 0.0f;  // false for NaN and +-inf
-      if (ok && p.temperature > 0.0f) {
-        w = w / p.temperature;
-        ok = w - w == 0.0f;  // a tiny temperature can overflow
-      } else if (w == neg_inf) {
-        ok = true;  // a -inf logit is a token of probability 0: it stays out
-      }
+      bool ok;
+      w = sample_processed_one(a.bias ? v[j] + a.bias[id] : v[j], p.temperature, ok);
       if (!ok) {
         const unsigned b = 0xFFFFFFFFu - (unsigned)id;
         bad = b > bad ? b : bad;
@@ -114,13 +108,10 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
       }
     }
     z[id] = w;
-    if (a.sel.best) {
-      const unsigned long long key = logit_key(w, id);  // as topk_threshold's chunk_best ranks z
-      sel = key > sel ? key : sel;
-    }
+    const unsigned long long key = logit_key(w, id);
+    if (a.sel.best) sel = key > sel ? key : sel;  // of every z, as topk_threshold's chunk_best ranks z
     if (w != neg_inf) {
       ++finite;
-      const unsigned long long key = logit_key(w, id);
       top = key > top ? key : top;
     }
   }

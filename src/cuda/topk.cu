@@ -329,15 +329,23 @@ TopkThresholdSlots topk_threshold_slots(void* scratch, int64_t V, int t) {
   return TopkThresholdSlots{best, best + (size_t)t * sel_chunks(V)};  // topk_threshold's layout
 }
 
-void topk_threshold_gather(const float* logits, int64_t V, int t, int k, void* scratch, unsigned* sync, int64_t* ids,
-                           float* vals, cudaStream_t stream) {
-  if (!topk_threshold_fits(V, t, k) || t > kSelGroupRows)
-    throw ArgValueError("internal: topk_threshold_gather does not take this (V, t, k)");
+// topk_threshold's second kernel alone for one group of t rows, in its scratch and
+// counters, the threshold from the row's slot or (ranked) the k-th ranked best.
+static void launch_threshold_gather(const float* logits, int64_t V, int t, int k, const unsigned long long* ranked,
+                                    void* scratch, unsigned* sync, int64_t* ids, float* vals, cudaStream_t stream) {
   const TopkThresholdSlots slots = topk_threshold_slots(scratch, V, t);
   auto* cand = slots.threshold + t;
   const dim3 grid((unsigned)sel_chunks(V), (unsigned)t);
   launch_consumer(topk_gather_kernel, grid, dim3(kSelThreads), 0, stream, "topk_threshold(gather)", logits, V, k,
-                  (const unsigned long long*)slots.threshold, nullptr, cand, sync + 2 * t, sync + t, ids, vals);
+                  ranked ? nullptr : (const unsigned long long*)slots.threshold, ranked, cand, sync + 2 * t, sync + t,
+                  ids, vals);
+}
+
+void topk_threshold_gather(const float* logits, int64_t V, int t, int k, void* scratch, unsigned* sync, int64_t* ids,
+                           float* vals, cudaStream_t stream) {
+  if (!topk_threshold_fits(V, t, k) || t > kSelGroupRows)
+    throw ArgValueError("internal: topk_threshold_gather does not take this (V, t, k)");
+  launch_threshold_gather(logits, V, t, k, nullptr, scratch, sync, ids, vals, stream);
 }
 
 int64_t topk_chunks(int64_t V) { return sel_chunks(V); }
@@ -349,10 +357,7 @@ bool topk_bests_fit(int64_t V, int t, int k) {
 void topk_threshold_from_bests(const float* logits, int64_t V, int t, int k, const unsigned long long* ranked,
                                void* scratch, unsigned* sync, int64_t* ids, float* vals, cudaStream_t stream) {
   if (!topk_bests_fit(V, t, k)) throw ArgValueError("internal: topk_threshold_from_bests does not take this (V, t, k)");
-  auto* cand = static_cast<unsigned long long*>(scratch) + (size_t)t * sel_chunks(V) + t;  // topk_threshold's layout
-  const dim3 grid((unsigned)sel_chunks(V), (unsigned)t);
-  launch_consumer(topk_gather_kernel, grid, dim3(kSelThreads), 0, stream, "topk_threshold(gather)", logits, V, k,
-                  nullptr, ranked, cand, sync + 2 * t, sync + t, ids, vals);
+  launch_threshold_gather(logits, V, t, k, ranked, scratch, sync, ids, vals, stream);
 }
 
 size_t topk_scratch_bytes(int64_t V, int t, int k) { return 2 * (size_t)t * chunks_of(V) * k * 8; }

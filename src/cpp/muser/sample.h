@@ -128,6 +128,21 @@ MUSER_HD bool sample_processed_plain(PX x, int n, float temperature, PZ z, MUSER
   return true;
 }
 
+// Step 1 for one allowed token whose logit plus its bias is v: z = v / temperature
+// (v at temperature 0). `finite` is false where z is NaN or +-inf -- from a NaN or
+// +-inf v, or a division that overflows -- except for a -inf v, which stays out
+// as a token of probability 0. Every backend's step 1 calls it per token.
+MUSER_HD float sample_processed_one(float v, float temperature, MUSER_THREAD bool& finite) {
+  finite = v - v == 0.0f;  // false for NaN and +-inf
+  if (finite && temperature > 0.0f) {
+    v = v / temperature;
+    finite = v - v == 0.0f;  // a tiny temperature can overflow
+  } else if (v == lse_neg_inf()) {
+    finite = true;
+  }
+  return v;
+}
+
 template <class PX, class PB, class PA, class PZ>
 MUSER_HD SampleShape sample_processed(PX x, PB bias, PA allowed, int n, float temperature, PZ z) {
   SampleShape sh{kSampleEmpty, -1, true, false};
@@ -137,14 +152,8 @@ MUSER_HD SampleShape sample_processed(PX x, PB bias, PA allowed, int n, float te
   for (int i = 0; i < n; ++i) {
     float v = neg_inf;
     if (!allowed || allowed[i]) {
-      v = bias ? x[i] + bias[i] : x[i];
-      bool finite = v - v == 0.0f;  // false for NaN and +-inf
-      if (finite && temperature > 0.0f) {
-        v = v / temperature;
-        finite = v - v == 0.0f;  // a tiny temperature can overflow
-      } else if (v == neg_inf) {
-        finite = true;  // a -inf logit is a token of probability 0: it stays out
-      }
+      bool finite;
+      v = sample_processed_one(bias ? x[i] + bias[i] : x[i], temperature, finite);
       if (!finite) {
         sh.status = kSampleNonFinite;
         sh.top = i;

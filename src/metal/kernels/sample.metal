@@ -49,14 +49,8 @@ MUSER_KERNEL(sample_tiles_f32, MUSER_ARG_CONSTANT(TileRowsKargs, a, 0), MUSER_AR
     px = lse_push(px, v);
     float w = neg_inf;  // sample_processed, one token
     if (!a.has_allowed || allowed[id]) {
-      w = a.has_bias ? v + bias[id] : v;
-      bool ok = w - w == 0.0f;  // false for NaN and +-inf
-      if (ok && p.temperature > 0.0f) {
-        w = w / p.temperature;
-        ok = w - w == 0.0f;  // a tiny temperature can overflow
-      } else if (w == neg_inf) {
-        ok = true;  // a -inf logit is a token of probability 0: it stays out
-      }
+      bool ok;
+      w = sample_processed_one(a.has_bias ? v + bias[id] : v, p.temperature, ok);
       if (!ok) {
         const uint b = 0xFFFFFFFFu - (uint)id;
         bad = b > bad ? b : bad;
