@@ -324,6 +324,40 @@ def test_sample_on_metal_names_a_non_finite_row_as_the_host_does(tiles_head):
     assert gpu.sample(x, seed=1, positions=np.arange(3)).tokens.shape == (3,)  # the head is still usable
 
 
+def test_eight_threads_sharing_a_metal_head_get_the_serial_results(head_file):
+    # score, log_softmax and sample run on the device's shared scratch under the head's lock,
+    # and log_softmax subtracts in the caller's own pooled buffer: every thread gets the bits
+    # of a serial run
+    import threading
+    gpu = muser.Head.load(head_file("Q5_K"), device="metal", route="canonical")
+    inputs = [hidden_states(SHAPES["Q5_K"], 2, seed=30 + i) for i in range(4)]
+    ids = np.array([[0, 5], [VOCAB - 1, 3]])
+    draw = dict(seed=5, positions=np.arange(2), top_k=20, top_p=0.8)
+    serial = [(gpu.score(x, ids).logprobs, np.array(gpu.log_softmax(x)), gpu.sample(x, **draw).tokens) for x in inputs]
+    wrong: list[str] = []
+
+    def work(seed: int) -> None:
+        r = np.random.default_rng(seed)
+        try:
+            for c in range(25):
+                i, kind = int(r.integers(len(inputs))), int(r.integers(3))
+                x = inputs[i]
+                got = (gpu.score(x, ids).logprobs if kind == 0 else np.array(gpu.log_softmax(x)) if kind == 1
+                       else gpu.sample(x, **draw).tokens)
+                if not np.array_equal(bits(got) if kind < 2 else got, bits(serial[i][kind]) if kind < 2
+                                      else serial[i][kind]):
+                    wrong.append(f"thread {seed} call {c} kind {kind}")
+        except Exception as e:  # noqa: BLE001 -- an exception in a thread is a wrong result
+            wrong.append(f"thread {seed} raised {e!r}")
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, wrong[:5]
+
+
 def test_sample_on_metal_draws_the_cpus_tokens_on_the_canonical_route(head_file):
     path = head_file("Q5_K")
     cpu = muser.Head.load(path, device="cpu", route="canonical")

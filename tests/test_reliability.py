@@ -173,6 +173,20 @@ def _read_only_outs(tmp_path):
     yield "read-only memmap", np.memmap(path, dtype=np.float32, mode="r", shape=(1, V))
 
 
+def test_log_softmax_in_place_refuses_what_is_not_a_heads_logits(small_head):
+    # the binding under head.log_softmax: a clear ValueError for another shape, dtype or
+    # layout; on the CPU, whose logits are reduced by the host, False and the array untouched
+    head = muser.Head.load(small_head)
+    core = head._core
+    for bad in (np.zeros((2, V + 1), np.float32), np.zeros((2, V), np.float64), np.zeros((V, 2), np.float32).T,
+                np.zeros(V, np.float32), np.zeros((0, V), np.float32)):
+        with pytest.raises((ValueError, TypeError)):
+            core.log_softmax_in_place(bad)
+    logits = np.arange(2 * V, dtype=np.float32).reshape(2, V)
+    assert core.log_softmax_in_place(logits) is False
+    assert np.array_equal(logits, np.arange(2 * V, dtype=np.float32).reshape(2, V))
+
+
 def test_read_only_out_is_refused_and_left_untouched(small_head, tmp_path, rng):
     head = muser.Head.load(small_head)
     x = hidden_states(rng, 1, H)
