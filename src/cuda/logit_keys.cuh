@@ -8,18 +8,30 @@
 #pragma once
 #include <cstdint>
 
+#include "muser/topk_key.h"
+
 namespace muser::cuda {
 
+// topk_key (muser/topk_key.h) is the one definition; these name it as the
+// device code's 64-bit words.
 __device__ __forceinline__ unsigned long long logit_key(float v, int64_t id) {
-  const unsigned low = 0xFFFFFFFFu - (unsigned)id;
-  if (v != v) return low;  // NaN: below every number
-  uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v);
-  b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-  return ((unsigned long long)b << 32) | low;
+  return (unsigned long long)topk_key(v, id);
 }
 
 // The token id of a key.
-__device__ __forceinline__ unsigned logit_key_id(unsigned long long key) { return 0xFFFFFFFFu - (unsigned)key; }
+__device__ __forceinline__ unsigned logit_key_id(unsigned long long key) { return (unsigned)topk_key_id(key); }
+
+// True in every thread of the launch's last CTA to call it: a ticket taken
+// after a fence, so every other CTA's writes before its call are visible to
+// the last one. Every thread of every CTA calls it; *done counts the CTAs and
+// the caller zeroes it for the next launch.
+__device__ __forceinline__ bool last_cta_of_launch(unsigned* done) {
+  __threadfence();
+  // (no shared flag: the kernels' dynamic shared memory may take all a CTA has)
+  const bool last = __syncthreads_or(threadIdx.x == 0 && atomicAdd(done, 1u) == gridDim.x - 1);
+  if (last) __threadfence();
+  return last;
+}
 
 // The largest v over the warp (every lane gets it).
 __device__ __forceinline__ unsigned long long warp_max(unsigned long long v) {

@@ -758,10 +758,7 @@ __device__ __forceinline__ void finish_argmax_q8(const Q8Args& a, const Run& run
   static_assert(8 * NT <= kQ8FoldMaxTokens, "a sink takes launches of at most kQ8FoldMaxTokens tokens");
   if (!a.select || !a.select->ids) return;
   if constexpr (Run::kHeld) flush_argmax_q8<NT>(a, run, smem);
-  __threadfence();
-  // (no shared flag: the kernels' dynamic shared memory may take all a CTA has)
-  if (!__syncthreads_or(threadIdx.x == 0 && atomicAdd(a.select->done, 1u) == gridDim.x - 1)) return;
-  __threadfence();
+  if (!last_cta_of_launch(a.select->done)) return;
   const SelectSink sink = *a.select;
   for (int k = threadIdx.x; k < a.t; k += blockDim.x)
     sink.ids[k] = (int64_t)logit_key_id(atomicExch(sink.best + k, 0ull));
@@ -778,9 +775,7 @@ template <int kThreads, class Run>
 __device__ __forceinline__ void finish_topk_q8(const Q8Args& a, void* smem) {
   if constexpr (Run::kPartials) {
     if (!a.select || a.select->ids || !a.select->ranked) return;
-    __threadfence();
-    if (!__syncthreads_or(threadIdx.x == 0 && atomicAdd(a.select->done, 1u) == gridDim.x - 1)) return;
-    __threadfence();
+    if (!last_cta_of_launch(a.select->done)) return;
     const SelectSink sink = *a.select;
     unsigned smem_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));

@@ -375,17 +375,8 @@ __global__ void __launch_bounds__(kTileThreads) sample_kept_best_kernel(SampleKa
         zp = lse_push(zp, z_s[q]);
         xp = lse_push(xp, x_s[q]);
       }
-    for (int off = kCanonLanes / 2; off >= 1; off >>= 1) {  // lane l joins lane l + off (canon_tree32)
-      LsePair oz, ox;
-      oz.m = __shfl_down_sync(0xffffffffu, zp.m, off);
-      oz.s = __shfl_down_sync(0xffffffffu, zp.s, off);
-      ox.m = __shfl_down_sync(0xffffffffu, xp.m, off);
-      ox.s = __shfl_down_sync(0xffffffffu, xp.s, off);
-      if (lane < off) {
-        zp = lse_merge(zp, oz);
-        xp = lse_merge(xp, ox);
-      }
-    }
+    zp = warp_lse_join(zp);
+    xp = warp_lse_join(xp);
     if (lane == 0) {
       const int tile = ids_s[run.x] / kLseTile;
       zpairs[tile] = zp;

@@ -44,6 +44,19 @@ __device__ __forceinline__ int tile_step_index(int j) {
 // rescale by e and add 1 (a new running max).
 enum : uint8_t { kPushSkip = 0, kPushAdd = 1, kPushRescale = 2 };
 
+// canon_tree32 over a warp's lane pairs (lane l joins lane l + off, off = 16 … 1):
+// the warp's pair in lane 0. Every lane of the warp calls it.
+__device__ __forceinline__ LsePair warp_lse_join(LsePair p) {
+  const int lane = threadIdx.x % kCanonLanes;
+  for (int off = kCanonLanes / 2; off >= 1; off >>= 1) {
+    LsePair o;
+    o.m = __shfl_down_sync(0xffffffffu, p.m, off);
+    o.s = __shfl_down_sync(0xffffffffu, p.s, off);
+    if (lane < off) p = lse_merge(p, o);
+  }
+  return p;
+}
+
 // The tile's pair from every thread's kStepsPerThread values (v[j] at
 // tile_step_index(j); -inf where the tile ends): valid in lane 0 of warp 0.
 // Every thread of the CTA must call it (it holds __syncthreads).
@@ -81,13 +94,7 @@ __device__ __forceinline__ LsePair tile_pair(const float (&v)[kStepsPerThread], 
     float mx = lse_neg_inf();
     for (int w = 0; w < kTileWarps; ++w)
       if (sm.group_max[w][lane] > mx) mx = sm.group_max[w][lane];
-    p = LsePair{mx, sum};
-    for (int off = kCanonLanes / 2; off >= 1; off >>= 1) {  // canon_tree32: lane l joins lane l + off
-      LsePair o;
-      o.m = __shfl_down_sync(0xffffffffu, p.m, off);
-      o.s = __shfl_down_sync(0xffffffffu, p.s, off);
-      if (lane < off) p = lse_merge(p, o);
-    }
+    p = warp_lse_join(LsePair{mx, sum});
   }
   return p;
 }
