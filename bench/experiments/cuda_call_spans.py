@@ -8,8 +8,8 @@ over the calls of the span from the call's first kernel start to its last
 kernel end (what the GPU spends on the call, free of the host), and each
 kernel's median time. With programmatic dependent launch on (the default), a
 kernel's time includes its wait for the one before; run with MUSER_PDL=0 for
-each kernel's own time. MUSER_SELECT_IN_MATVEC=0 / 1 compares the selection
-inside the matvec against the separate kernels (docs/performance.md,
+each kernel's own time. MUSER_SELECT_IN_MATVEC=0 / argmax / 1 compares the
+selection inside the matvec against the separate kernels (docs/performance.md,
 "Per-call overhead").
 """
 from __future__ import annotations

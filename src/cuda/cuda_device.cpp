@@ -715,15 +715,18 @@ class CudaDevice final : public Device {
   // one launch of at most kQ8FoldMaxTokens tokens; for top-k (k > 0) one group of
   // rows whose chunk bests the matvec's last CTA ranks. Then greedy decoding
   // never writes the logits, and top-k's first pass over them is gone.
-  // On by default for argmax (H100, seed head, t = 1: 8 us less GPU time a call);
-  // top-k's partials only with MUSER_SELECT_IN_MATVEC=1 (measured: docs/performance.md,
-  // "Per-call overhead"); MUSER_SELECT_IN_MATVEC=0 turns both off, for measuring.
+  // On by default (H100, seed head, t = 1: argmax 8 us and topk(x, 50) ~5 us less
+  // GPU time a call: docs/performance.md, "Per-call overhead");
+  // MUSER_SELECT_IN_MATVEC=0 turns both off and =argmax keeps top-k's partials
+  // off, for measuring.
   bool select_in_matvec(int t, int k) const {
-    static const int setting = [] {
+    static const int setting = [] {  // 0: off, 1: argmax only, 2: argmax and top-k
       const char* e = std::getenv("MUSER_SELECT_IN_MATVEC");
-      return e && *e ? std::atoi(e) : -1;  // -1: the defaults
+      if (!e || !*e) return 2;
+      if (std::strcmp(e, "argmax") == 0) return 1;
+      return std::atoi(e) == 0 ? 0 : 2;
     }();
-    const bool on = setting < 0 ? k == 0 : setting != 0;
+    const bool on = k == 0 ? setting >= 1 : setting == 2;
     if (!on || steps_.empty() || t > kQ8FoldMaxTokens || out_.rows != spec_.vocab) return false;
     // (Q6_K's only kernel computes no top-k partials: matvec_q8.cuh, Q8ArgmaxAtomic)
     if (k > 0 && (!topk_bests_fit(spec_.vocab, t, k) || out_.type == (uint32_t)GgmlType::Q6_K)) return false;
