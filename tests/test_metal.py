@@ -248,7 +248,8 @@ def test_score_and_log_softmax_reduce_on_metal_over_several_tiles_with_ties(tmp_
 
 
 # every path of sample.metal (greedy; the race over every finite z; top_k's cut from the k
-# best, with top_p among them; min_p, logit_bias, allowed) and top_p alone, which the host draws
+# best, with top_p among them; min_p, logit_bias, allowed; top_p alone, whose cut the device
+# finds among each row's 256 best and leaves to the host where it lies further down)
 METAL_SAMPLE_SETTINGS = [
     {"temperature": 0.0},
     {"temperature": 0.0, "logit_bias": {5: 40.0, 17: -1e30}},
@@ -264,8 +265,23 @@ METAL_SAMPLE_SETTINGS = [
     {"top_k": 20, "logit_bias": {3: 2.5, 4000: -3.0, 2049: 1.0}},
     {"top_k": 20, "top_p": 0.9, "allowed": "few"},  # fewer allowed tokens than top_k: no cut by it
     {"allowed": "many", "temperature": 0.8},
-    {"top_p": 0.9},  # the host's
+    {"top_p": 0.9},  # flat rows: the cut lies past the 256 best, the host's
+    {"top_p": 0.9, "temperature": 0.01},  # peaked rows: the device's
+    {"top_p": 0.7, "temperature": 0.02, "min_p": 0.001, "logit_bias": {11: 0.05}},  # the device's
 ]
+METAL_TOP_P_RANKED = 256  # metal_device.cpp's kTopPAloneRanked
+
+
+def _top_p_cuts(logits, kw):
+    # each row's top_p cut (tokens kept) in float64: the precondition of which side draws
+    z = logits.astype(np.float64)
+    for token, v in (kw.get("logit_bias") or {}).items():
+        z[:, token] += v
+    z = z / kw.get("temperature", 1.0)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p = -np.sort(-p, axis=1)
+    c = np.cumsum(p, axis=1)
+    return (c < kw["top_p"] * c[:, -1:]).sum(axis=1) + 1
 
 
 @pytest.fixture(scope="module")
@@ -295,11 +311,16 @@ def test_sample_on_metal_equals_host_sampling_of_its_logits(tiles_head, setting)
     assert gpu.caps["sample_on_device"]
     x = hidden_states(hidden, 6, seed=20 + setting)
     pos = np.arange(40, 46)
-    gpu(x)
-    built = _core._metal_test_stats()["pipelines_built"]
+    expect_device = True
+    if kw.get("top_p", 1.0) < 1.0 and not kw.get("top_k"):
+        cuts = _top_p_cuts(np.array(gpu(x)), kw)
+        # far from the boundary, so float64 and the device's fixed point agree on the side
+        assert np.all(cuts <= METAL_TOP_P_RANKED * 0.8) or np.any(cuts >= METAL_TOP_P_RANKED * 1.25), cuts
+        expect_device = bool(np.all(cuts <= METAL_TOP_P_RANKED))
+    drawn = _core._metal_test_stats()["device_draws"]
     got = gpu.sample(x, seed=99, positions=pos, **kw)
-    on_device = _core._metal_test_stats()["pipelines_built"] > built
-    assert on_device == (setting != len(METAL_SAMPLE_SETTINGS) - 1), "top_p alone is the host's, the rest the device's"
+    on_device = _core._metal_test_stats()["device_draws"] == drawn + 1
+    assert on_device == expect_device, "a top_p cut past the 256 best is the host's, the rest the device's"
     params = _sampling.check_params(vocab, seed=99, positions=pos, **{
         "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "logit_bias": None, "allowed": None, **kw})
     want = _sampling.sample_logits(np.array(gpu(x)), False, params, pos.astype(np.uint64))

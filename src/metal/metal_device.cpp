@@ -43,6 +43,7 @@ namespace {
 std::atomic<int> g_drop_barrier{-1};
 std::atomic<uint64_t> g_max_buffer_override{0};
 std::atomic<uint64_t> g_pipelines_built{0};
+std::atomic<uint64_t> g_device_draws{0};  // sample() calls drawn on the device
 std::atomic<uint64_t> g_weight_views{0};
 std::atomic<bool> g_weights_no_copy{false};
 std::mutex g_test_mutex;
@@ -128,6 +129,12 @@ uint64_t groups(uint64_t n, uint32_t per) { return (n + per - 1) / per; }
 
 constexpr uint32_t kMatvecRowsPerGroup = 4;  // matvec.metal
 constexpr uint32_t kElementThreads = 256;
+// The best tokens of a row that sample() ranks for top_p without top_k: a cut
+// within them is drawn on the device, one below them by the host. top_k's
+// stages cost k passes over each chunk, so this stays well below kTopkMax;
+// peaked rows (a language model's usual nucleus) cut within it, flat ones
+// (a random head at top_p 0.9 keeps thousands) do not.
+constexpr int kTopPAloneRanked = 256;
 
 // The library: a metallib next to the module when the build made one (xcrun
 // metal), else the embedded source.
@@ -168,7 +175,7 @@ class MetalDevice final : public Device {
     c.dlpack_device = 1;        // the logits: shared MTLBuffers, host memory to DLPack
     c.compute_device = 8;       // kDLMetal: what runs the kernels (the pinned route dispatches on it)
     c.max_topk = kTopkMax;
-    c.sample_on_device = true;  // sample(): sample.metal (top_p without top_k: the host)
+    c.sample_on_device = true;  // sample(): sample.metal (a top_p cut past kTopPAloneRanked: the host)
     return c;
   }
 
@@ -302,17 +309,20 @@ class MetalDevice final : public Device {
   }
 
   // Device::sample on the device (sample.metal), the CPU's bits: greedy, the race
-  // over every finite z (temperature, min_p, logit_bias, allowed), and top_k up to
-  // kTopkMax with or without top_p (its cut among the k best). top_p without
-  // top_k -- a cut anywhere in the row's order -- is the host's (false).
+  // over every finite z (temperature, min_p, logit_bias, allowed), top_k up to
+  // kTopkMax with or without top_p (its cut among the k best), and top_p alone
+  // where its cut lies among the row's kTopPAloneRanked best; a row whose cut
+  // lies further down the order is the host's (false: the host samples the
+  // call's logits).
   bool sample(const float* hidden, bool hidden_resident, int t, SampleRequest& req, SampleResult* out) override {
     if (hidden_resident)
       throw DeviceError("device 'metal': hidden states are host memory on Metal (unified memory); pass a host array");
     const SampleParams& p = req.params;
     const int64_t V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
     const bool greedy = !(p.temperature > 0.0f);
-    const int k = greedy ? 0 : p.top_k;
-    if (t < 1 || req.keep_on_device || (!greedy && p.top_p < 1.0f && k == 0) || k > kTopkMax || k > V) return false;
+    const bool top_p_alone = !greedy && p.top_p < 1.0f && p.top_k == 0;
+    const int k = greedy ? 0 : top_p_alone ? (int)std::min<int64_t>(kTopPAloneRanked, V) : p.top_k;
+    if (t < 1 || req.keep_on_device || k > kTopkMax || k > V) return false;
     const Buffer* y = run_into(hidden, t, nullptr, nullptr);
     TileRowsKargs a;
     a.V = V;
@@ -363,10 +373,14 @@ class MetalDevice final : public Device {
                           groups((uint64_t)t, 32), 32));
     if (!greedy) {
       if (k > 0) {
+        if (top_p_alone)  // the whole row's mass, which top_p's target is a share of
+          ds.push_back(dispatch("sample_mass_tiles_f32",
+                                {z_in, {&tile_keys_.buf, 0, 8, Access::Write}, {&sample_rows_.buf, 0, 10, Access::Read}},
+                                cells, 32));
         const Buffer* best = encode_topk_keys(&z_.buf, t, k, &ds);
         ds.push_back(dispatch("sample_cut_f32",
-                              {z_in, {&sample_rows_.buf, 0, 10, Access::ReadWrite},
-                               {&sample_out_.buf, 0, 11, Access::Read}, {best, 0, 12, Access::Read}},
+                              {z_in, {&tile_keys_.buf, 0, 8, Access::Read}, {&sample_rows_.buf, 0, 10, Access::ReadWrite},
+                               {&sample_out_.buf, 0, 11, Access::ReadWrite}, {best, 0, 12, Access::Read}},
                               groups((uint64_t)t, 32), 32));
       }
       ds.push_back(dispatch("sample_kept_tiles_f32",
@@ -384,7 +398,8 @@ class MetalDevice final : public Device {
     std::memcpy(out, sample_out_.buf.contents, (size_t)t * sizeof(SampleResult));
     req.first_nonfinite = -1;
     for (int r = 0; r < t; ++r)
-      if (out[r].status != kSampleOk) return false;  // the host names the row's problem
+      if (out[r].status != kSampleOk) return false;  // the host names the row's problem, or walks top_p's order
+    ++g_device_draws;
     return true;
   }
 
@@ -779,6 +794,7 @@ std::vector<double> read_bandwidth_seconds(size_t nbytes, int iters) {
 void test_set_drop_barrier(int n) { g_drop_barrier = n; }
 void test_set_max_buffer_length(uint64_t bytes) { g_max_buffer_override = bytes; }
 uint64_t test_pipelines_built() { return g_pipelines_built.load(); }
+uint64_t test_device_draws() { return g_device_draws.load(); }
 uint64_t test_weight_views() { return g_weight_views.load(); }
 bool test_weights_no_copy() { return g_weights_no_copy.load(); }
 void test_set_library_source(const std::string& source) {

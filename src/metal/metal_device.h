@@ -128,6 +128,7 @@ void test_drop_barrier(Context* ctx, int n);
 void test_set_drop_barrier(int n);               // test_drop_barrier on every later run of every Metal head
 void test_set_max_buffer_length(uint64_t bytes); // views of the weight at most this long (0: the device's own)
 uint64_t test_pipelines_built();                 // pipeline states the last-used context has created
+uint64_t test_device_draws();                    // sample() calls the device drew (not left to the host)
 uint64_t test_weight_views();                    // MTLBuffers the last prepared weight was wrapped in
 bool test_weights_no_copy();                     // whether they wrap the mapping (newBufferWithBytesNoCopy)
 void test_set_library_source(const std::string& source);  // the next device compiles this instead

@@ -38,6 +38,7 @@ void bind_metal(nb::module_& m) {
   m.def("_metal_test_stats", [] {
     nb::dict d;
     d["pipelines_built"] = metal::test_pipelines_built();
+    d["device_draws"] = metal::test_device_draws();
     d["weight_views"] = metal::test_weight_views();
     d["weights_no_copy"] = metal::test_weights_no_copy();
     return d;

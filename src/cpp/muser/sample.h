@@ -36,6 +36,9 @@ struct SampleParams {
 MUSER_CONSTANT constexpr int32_t kSampleOk = 0;
 MUSER_CONSTANT constexpr int32_t kSampleNonFinite = 1;  // z[token] is NaN or +-inf from a finite or NaN logit
 MUSER_CONSTANT constexpr int32_t kSampleEmpty = 2;      // no token left with a finite z
+// (never returned to a caller) a device's ranked prefix of the kept-set order ends
+// before top_p's cut: the device leaves the row to the host's full walk
+MUSER_CONSTANT constexpr int32_t kSampleUndecided = 3;
 struct SampleResult {
   int32_t status;
   int32_t token;

@@ -8,10 +8,16 @@
 //                         largest z as a key, its first non-finite z
 //   sample_rows_f32       one thread per row: the tile tree, the top token, the
 //                         verdict (a non-finite z, no finite z); greedy rows end here
-//   sample_cut_f32        top_k: from the k best keys of z (topk.metal's stages,
-//                         in the kept-set order), the finite ones, then top_p's
-//                         shortest prefix reaching ceil(top_p * S) of their
-//                         fixed-point mass: the key of the last kept token
+//   sample_mass_tiles_f32 top_p without top_k: one SIMD group per (tile, row), the
+//                         tile's fixed-point mass of its finite z (integers: any
+//                         order gives the CPU's sum)
+//   sample_cut_f32        from the m best keys of z (topk.metal's stages, in the
+//                         kept-set order), the finite ones: top_k's; then top_p's
+//                         shortest prefix reaching ceil(top_p * S) of the kept
+//                         set's fixed-point mass S (top_k's k, or the whole row's
+//                         from the tiles' masses): the key of the last kept token.
+//                         A row whose m best do not reach it is left to the host
+//                         (kSampleUndecided)
 //   sample_kept_tiles_f32 one SIMD group per (tile, row): the kept set (the cut,
 //                         min_p), the pairs of its z and of its raw logits, the
 //                         tile's best race key (e^(z - m) / E, ties to the lower
@@ -21,7 +27,7 @@
 // Buffers: 0 TileRowsKargs, 1 SampleParams, 2 logits [rows x V], 3 z [rows x V],
 // 4 bias [V], 5 allowed [V] (uchar), 6 positions [rows] (ulong), 7 pairs
 // [rows x tiles] ((m, s) floats; the kept z's later), 8 keys [rows x tiles]
-// (ulong: the tops, the race later), 9 bad [rows x tiles] (uint: 0xFFFFFFFF - the
+// (ulong: the tops, top_p's masses, the race later), 9 bad [rows x tiles] (uint: 0xFFFFFFFF - the
 // first bad id, 0 for none), 10 row state [rows] (SampleTileRow), 11 results
 // [rows] (SampleResult), 12 top_k's best keys [rows x m], 13 the kept raw logits' pairs.
 #include "common.h"
@@ -116,28 +122,56 @@ MUSER_KERNEL(sample_rows_f32, MUSER_ARG_CONSTANT(TileRowsKargs, a, 0), MUSER_ARG
   rows[row].cut = 0;
 }
 
+MUSER_KERNEL(sample_mass_tiles_f32, MUSER_ARG_CONSTANT(TileRowsKargs, a, 0), MUSER_ARG_BUFFER_IN(float, z, 3),
+             MUSER_ARG_BUFFER_OUT(ulong, masses, 8), MUSER_ARG_BUFFER_IN(SampleTileRow, rows, 10),
+             MUSER_ARG_TGID(group), MUSER_ARG_LANE(lane)) {
+  const int64_t tile = (int64_t)group % a.tiles, row = (int64_t)group / a.tiles, i0 = tile * kLseTile;
+  const int n = (int)(a.V - i0 < kLseTile ? a.V - i0 : kLseTile);
+  device const float* zr = z + row * a.V + i0;
+  const float m = rows[row].m;
+  ulong S = 0;  // at most 2^38 a token, kLseTile tokens: far below 2^64
+  for (int i = (int)lane; i < n; i += kCanonLanes)
+    if (zr[i] != lse_neg_inf()) S += sample_top_p_weight(zr[i], m);
+  for (ushort off = 16; off >= 1; off >>= 1) {
+    const uint hi = metal::simd_shuffle_xor((uint)(S >> 32), off);
+    const uint lo = metal::simd_shuffle_xor((uint)(S & 0xFFFFFFFFu), off);
+    S += ((ulong)hi << 32) | (ulong)lo;
+  }
+  if (lane == 0) masses[row * a.tiles + tile] = S;
+}
+
 MUSER_KERNEL(sample_cut_f32, MUSER_ARG_CONSTANT(TileRowsKargs, a, 0), MUSER_ARG_CONSTANT(SampleParams, p, 1),
-             MUSER_ARG_BUFFER_IN(float, z, 3), MUSER_ARG_BUFFER_INOUT(SampleTileRow, rows, 10),
-             MUSER_ARG_BUFFER_IN(SampleResult, results, 11), MUSER_ARG_BUFFER_IN(ulong, best, 12),
-             MUSER_ARG_TID(row)) {
+             MUSER_ARG_BUFFER_IN(float, z, 3), MUSER_ARG_BUFFER_IN(ulong, masses, 8),
+             MUSER_ARG_BUFFER_INOUT(SampleTileRow, rows, 10), MUSER_ARG_BUFFER_INOUT(SampleResult, results, 11),
+             MUSER_ARG_BUFFER_IN(ulong, best, 12), MUSER_ARG_TID(row)) {
   if ((int)row >= a.rows || results[row].status != kSampleOk) return;
   device const ulong* b = best + (int64_t)row * a.m;
   device const float* zr = z + (int64_t)row * a.V;
   const float m = rows[row].m;
-  int count = 0;  // the finite z among the k best: a prefix of them (-inf ranks last)
+  const bool top_k = p.top_k > 0;  // else a.m ranks the row for top_p alone
+  int count = 0;  // the finite z among the m best: a prefix of them (-inf ranks last)
   while (count < a.m && zr[topk_key_id(b[count])] != lse_neg_inf()) ++count;
   int keep = count;
   if (p.top_p < 1.0f) {  // sample_top_p_count over the kept-set order
     ulong S = 0;
-    for (int j = 0; j < count; ++j) S += sample_top_p_weight(zr[topk_key_id(b[j])], m);
+    if (top_k) {
+      for (int j = 0; j < count; ++j) S += sample_top_p_weight(zr[topk_key_id(b[j])], m);
+    } else {
+      for (int64_t k = 0; k < a.tiles; ++k) S += masses[(int64_t)row * a.tiles + k];
+    }
     const ulong target = sample_top_p_target(S, p.top_p);
     ulong c = 0;
+    keep = 0;
     for (int j = 0; j < count; ++j) {
       c += sample_top_p_weight(zr[topk_key_id(b[j])], m);
       if (c >= target) {
         keep = j + 1;
         break;
       }
+    }
+    if (keep == 0) {  // only top_p alone ends here: the m best hold less than the target
+      results[row].status = kSampleUndecided;
+      return;
     }
   }
   rows[row].cut = keep > 0 ? b[keep - 1] : 0;
