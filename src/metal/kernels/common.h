@@ -51,13 +51,25 @@ inline LsePair simd_lse_join(LsePair p, ushort lane) {
 }
 
 // The largest 64-bit key over the SIMD group (every lane gets it; max is order-free).
+// simd_shuffle_xor of a 64-bit word, as two 32-bit halves.
+inline ulong simd_shuffle_xor_u64(ulong v, ushort off) {
+  const uint hi = metal::simd_shuffle_xor((uint)(v >> 32), off);
+  const uint lo = metal::simd_shuffle_xor((uint)(v & 0xFFFFFFFFu), off);
+  return ((ulong)hi << 32) | (ulong)lo;
+}
+
 inline ulong simd_max_key(ulong v) {
   for (ushort off = 16; off >= 1; off >>= 1) {
-    const uint hi = metal::simd_shuffle_xor((uint)(v >> 32), off);
-    const uint lo = metal::simd_shuffle_xor((uint)(v & 0xFFFFFFFFu), off);
-    const ulong o = ((ulong)hi << 32) | (ulong)lo;
+    const ulong o = simd_shuffle_xor_u64(v, off);
     v = o > v ? o : v;
   }
+  return v;
+}
+
+// The sum of a 64-bit integer over the SIMD group (every lane gets it; integer
+// sums are order-free).
+inline ulong simd_sum_u64(ulong v) {
+  for (ushort off = 16; off >= 1; off >>= 1) v += simd_shuffle_xor_u64(v, off);
   return v;
 }
 

@@ -132,13 +132,22 @@ MUSER_KERNEL(sample_mass_tiles_f32, MUSER_ARG_CONSTANT(TileRowsKargs, a, 0), MUS
   ulong S = 0;  // at most 2^38 a token, kLseTile tokens: far below 2^64
   for (int i = (int)lane; i < n; i += kCanonLanes)
     if (zr[i] != lse_neg_inf()) S += sample_top_p_weight(zr[i], m);
-  for (ushort off = 16; off >= 1; off >>= 1) {
-    const uint hi = metal::simd_shuffle_xor((uint)(S >> 32), off);
-    const uint lo = metal::simd_shuffle_xor((uint)(S & 0xFFFFFFFFu), off);
-    S += ((ulong)hi << 32) | (ulong)lo;
-  }
+  S = simd_sum_u64(S);
   if (lane == 0) masses[row * a.tiles + tile] = S;
 }
+
+namespace {
+// A row's best keys read as the kept-set order's token ids, and as their z.
+struct KeyIds {
+  device const ulong* b;
+  int64_t operator[](int j) const { return (int64_t)topk_key_id(b[j]); }
+};
+struct ZOfKeys {
+  device const float* z;
+  device const ulong* b;
+  float operator[](int j) const { return z[topk_key_id(b[j])]; }
+};
+}  // namespace
 
 MUSER_KERNEL(sample_cut_f32, MUSER_ARG_CONSTANT(TileRowsKargs, a, 0), MUSER_ARG_CONSTANT(SampleParams, p, 1),
              MUSER_ARG_BUFFER_IN(float, z, 3), MUSER_ARG_BUFFER_IN(ulong, masses, 8),
@@ -148,27 +157,18 @@ MUSER_KERNEL(sample_cut_f32, MUSER_ARG_CONSTANT(TileRowsKargs, a, 0), MUSER_ARG_
   device const ulong* b = best + (int64_t)row * a.m;
   device const float* zr = z + (int64_t)row * a.V;
   const float m = rows[row].m;
-  const bool top_k = p.top_k > 0;  // else a.m ranks the row for top_p alone
+  const KeyIds order{b};
   int count = 0;  // the finite z among the m best: a prefix of them (-inf ranks last)
-  while (count < a.m && zr[topk_key_id(b[count])] != lse_neg_inf()) ++count;
+  while (count < a.m && zr[order[count]] != lse_neg_inf()) ++count;
   int keep = count;
-  if (p.top_p < 1.0f) {  // sample_top_p_count over the kept-set order
-    ulong S = 0;
-    if (top_k) {
-      for (int j = 0; j < count; ++j) S += sample_top_p_weight(zr[topk_key_id(b[j])], m);
+  if (p.top_p < 1.0f) {  // over the kept-set order, as sample_kept_set
+    ulong S = 0;  // the kept set's mass: top_k's k best, or (top_p alone) the whole row's
+    if (p.top_k > 0) {
+      S = sample_top_p_mass(ZOfKeys{zr, b}, count, m);
     } else {
       for (int64_t k = 0; k < a.tiles; ++k) S += masses[(int64_t)row * a.tiles + k];
     }
-    const ulong target = sample_top_p_target(S, p.top_p);
-    ulong c = 0;
-    keep = 0;
-    for (int j = 0; j < count; ++j) {
-      c += sample_top_p_weight(zr[topk_key_id(b[j])], m);
-      if (c >= target) {
-        keep = j + 1;
-        break;
-      }
-    }
+    keep = sample_top_p_count(zr, order, count, m, sample_top_p_target(S, p.top_p));
     if (keep == 0) {  // only top_p alone ends here: the m best hold less than the target
       results[row].status = kSampleUndecided;
       return;
