@@ -5,19 +5,24 @@ the soft-cap tail after the matvec are visible (no nsys on the device
 machine). Three calls of the seed head (random Q5_K 202,048 x 6,656,
 acts="q8") per route, after ten warm-ups:
 
-    python bench/experiments/cuda_route_timeline.py
+    python bench/experiments/cuda_route_timeline.py [head.gguf] [t]
 
-prints, per device event: start (us from the first event), duration, the gap
+(or any GGUF head file and batch size given) prints, per device event: start (us from the first event), duration, the gap
 to the previous event's end (negative: overlapping) and the kernel's name.
 """
 import json, sys
 import numpy as np, torch, muser
 from muser._cuda_bench import write_random_head
-p = "/tmp/head.gguf"
-write_random_head(p, 6656, 202048, "Q5_K")
-x = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 6656), dtype=np.float32)).cuda()
+if len(sys.argv) > 1:
+    p = sys.argv[1]
+else:
+    p = "/tmp/head.gguf"
+    write_random_head(p, 6656, 202048, "Q5_K")
+t = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 for route in ("fused", "graph"):
     h = muser.Head.load(p, device="cuda", route=route, acts="q8")
+    H = h.spec.hidden_size
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((t, H), dtype=np.float32)).cuda()
     for _ in range(10):
         h(x, on_device=True)
     torch.cuda.synchronize()
