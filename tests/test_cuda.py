@@ -345,18 +345,23 @@ def test_on_device_needs_a_cuda_head(head_file):
 @pytest.mark.parametrize("acts", ("q8", "f32"))
 @pytest.mark.parametrize("route", ("graph", "canonical", "fused"))
 def test_cuda_plans_only_the_fusions_it_has_kernels_for(head_file, route, acts):
-    # the route allows norm+γ (and on fused/canonical matvec+epilogue); CUDA has one fused kernel:
-    # the q8 matvec storing through the fused route's soft cap. Every other step is one node, the
-    # profile says which, and fusing changes no byte -- neither where the matvec applies the cap
-    # (t <= 16) nor where its larger token tiles leave the cap to a kernel of its own (t = 20)
+    # the route allows norm+γ (and on fused/canonical matvec+epilogue); CUDA has two fused kernels:
+    # RMSNorm + γ + the activation quantizer where a q8 matvec follows, and the q8 matvec storing
+    # through the fused route's soft cap. Every other step is one node, the profile says which,
+    # and fusing changes no byte -- neither where the matvec applies the cap (t <= 16) nor where
+    # its larger token tiles leave the cap to a kernel of its own (t = 20)
     gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts=acts)
     labels = [label for label, _ in gpu.nodes]
+    kinds = [kind for _, kind in gpu.nodes]
     fused = route == "fused" and acts == "q8"
     expected = [(label,) for label in labels]
     if fused:
         at = labels.index("lm_head")
         assert at == len(labels) - 2, labels  # the fused route's one soft-cap node follows the matvec
         expected[at:] = [tuple(labels[at:])]
+    if acts == "q8":
+        assert kinds[:2] == [("rms_norm" if route != "canonical" else "rms_norm_canonical"), "mul"], kinds
+        expected[:2] = [tuple(labels[:2])]
     assert gpu.steps == expected
     x = hidden_states(SHAPES["Q5_K"], 3, seed=61)
     assert [p.label for p in gpu.profile(x)] == ["+".join(step) for step in expected]
@@ -448,6 +453,41 @@ def test_layer_norm_head_bitwise_equal_to_cpu(heads_dir, route):
     for t in (1, 3):
         x = hidden_states(1280, t, seed=70 + t) + np.float32(0.75)  # a mean away from zero
         assert_bitwise(gpu(x), cpu(x).copy(), f"command-r {route} t={t}")
+
+
+# RMSNorm + γ + the activation quantizer are one kernel on q8 routes (rms_norm_gamma_q8): a token's
+# row split over CTAs of 2,048 columns, each with the whole row's statistic; the row and the CTA's γ
+# staged in shared memory up to 22,528 columns, read in place beyond that or where the hidden state is
+# not 16-byte aligned -- the same bytes as the CPU (canonical) and as the nodes apart
+@pytest.mark.parametrize("route", ("canonical", "fused", "graph"))
+@pytest.mark.parametrize("hidden", (12544, 22784))  # 49 Q8_K blocks: 7 CTAs a token; 89: past the 96 KB staged
+def test_norm_gamma_quantizer_kernel_on_long_rows(heads_dir, route, hidden):
+    path = write_head_gguf(heads_dir / f"q8-long-rows-{hidden}.gguf", hidden=hidden, vocab=517, weight_type="Q5_K",
+                           seed=41, random_quants=True)
+    gpu = muser.Head.load(path, device="cuda", route=route, acts="q8")
+    apart = muser.Head.load(path, device="cuda", route=route, acts="q8", fuse=False)
+    assert gpu.steps[0] == ("final_norm", "final_norm_gamma") and len(apart.steps[0]) == 1
+    cpu = muser.Head.load(path, device="cpu", route=route, acts="q8") if route == "canonical" else None
+    for t in (1, 3):
+        x = hidden_states(hidden, t, seed=90 + t)
+        got = gpu(x).copy()
+        assert_bitwise(got, apart(x).copy(), f"{route} t={t}: fused prologue against the nodes apart")
+        if cpu is not None:
+            assert_bitwise(got, cpu(x).copy(), f"{route} t={t}")
+
+
+@pytest.mark.parametrize("weight_type", ("Q8_0", "Q6_K"))
+def test_norm_gamma_quantizer_kernel_reads_an_unaligned_hidden_state_in_place(head_file, weight_type):
+    torch = pytest.importorskip("torch")
+    H = SHAPES[weight_type]
+    cpu = muser.Head.load(head_file(weight_type), device="cpu", route="canonical", acts="q8")
+    gpu = muser.Head.load(head_file(weight_type), device="cuda", route="canonical", acts="q8")
+    x = hidden_states(H, 1, seed=17)[0]
+    buf = torch.zeros(H + 1, dtype=torch.float32, device="cuda")
+    buf[1:] = torch.from_numpy(x).cuda()
+    view = buf[1:]  # 4 bytes past a 16-byte boundary
+    assert view.data_ptr() % 16 == 4
+    assert_bitwise(gpu(view), cpu(x).copy(), f"{weight_type} unaligned device hidden state")
 
 
 # ---------------------------------------------------------------- reliability on the GPU

@@ -245,6 +245,13 @@ bool cuda_fusable(NodeKind a, NodeKind b) {
   const EpilogueOp op = epilogue_op_of(b);
   return is_q8(a) && op != EpilogueOp::None && op != EpilogueOp::SoftcapCanon;
 }
+// Routes with a q8 matvec also fuse RMSNorm → γ: one kernel (rms_norm_gamma_q8)
+// writes the normed row and quantizes it for the matvec, which then skips its
+// quantizer (CudaDevice::prologue_q8_). Float routes keep norm and γ apart (a
+// one-CTA-per-row norm + γ kernel measured slower than the two overlapped).
+bool cuda_fusable_q8(NodeKind a, NodeKind b) {
+  return cuda_fusable(a, b) || ((a == NodeKind::RmsNorm || a == NodeKind::RmsNormCanon) && b == NodeKind::MulGamma);
+}
 
 class CudaDevice final : public Device {
  public:
@@ -292,9 +299,12 @@ class CudaDevice final : public Device {
     if (!matvec_supports(w.output.type))
       throw DeviceError(std::string("device '") + name() + "': no CUDA kernel for LM-head weight type " +
                         (type_traits(w.output.type).name ? type_traits(w.output.type).name : "?"));
-    plan(spec, nodes, fuse, cuda_fusable);
     q8_ = false;
     for (const Node& n : nodes) q8_ = q8_ || is_q8(n.kind);
+    plan(spec, nodes, fuse, q8_ ? cuda_fusable_q8 : cuda_fusable);
+    // the first step is norm + γ fused, and the step after it the q8 matvec: its kernel quantizes
+    prologue_q8_ = q8_ && steps_.size() > 1 && steps_[0].count == 2 && nodes_[1].kind == NodeKind::MulGamma &&
+                   is_q8(nodes_[steps_[1].first].kind);
     out_ = w.output;
     weight_ = std::make_unique<DeviceMemory>(device_weight_bytes(out_.type, out_.rows, out_.row_bytes), ordinal_,
                                              "the LM-head weight");
@@ -662,7 +672,7 @@ class CudaDevice final : public Device {
     const NodeKind kind = nodes_[mv].kind;
     const Step& mstep = step_of(mv);
     Q8Call q = q8_args(t, nullptr);
-    if (is_q8(kind)) quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
+    if (is_q8(kind)) quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_, prologue_q8_);
     const auto* w = static_cast<const uint8_t*>(weight_->ptr);
     const VocabScoresLayout at = vocab_scores_layout(t, m);
     float* lse = reinterpret_cast<float*>(out);
@@ -1278,8 +1288,15 @@ class CudaDevice final : public Device {
     const Node& n = nodes_[st.first];
     const int64_t H = spec_.hidden, V = spec_.vocab, nl = (int64_t)t * V;
     switch (n.kind) {
-      case NodeKind::RmsNorm: rms_norm(x, normed, H, t, n.f0, NormOrder::Ggml, stream_); break;
-      case NodeKind::RmsNormCanon: rms_norm(x, normed, H, t, n.f0, NormOrder::Canonical, stream_); break;
+      case NodeKind::RmsNorm:
+      case NodeKind::RmsNormCanon: {
+        const NormOrder order = n.kind == NodeKind::RmsNorm ? NormOrder::Ggml : NormOrder::Canonical;
+        if (st.count == 2)  // norm + γ + the q8 quantizer (cuda_fusable_q8)
+          rms_norm_gamma_q8(x, normed, gamma_f(), H, t, n.f0, order, out_.type, acts_q8_.mem->ptr, stream_);
+        else
+          rms_norm(x, normed, H, t, n.f0, order, stream_);
+        break;
+      }
       case NodeKind::LayerNorm: layer_norm(x, normed, H, t, n.f0, NormOrder::Ggml, stream_); break;
       case NodeKind::LayerNormCanon: layer_norm(x, normed, H, t, n.f0, NormOrder::Canonical, stream_); break;
       case NodeKind::MulGamma: mul_rows(normed, gamma_f(), H, t, stream_); break;
@@ -1290,7 +1307,7 @@ class CudaDevice final : public Device {
         Q8Call q = q8_args(t, logits);
         q.fold = q8_fold(st, t);
         q.select = sink;
-        quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_);
+        quantize_acts_q8(out_.type, normed, H, H, t, acts_q8_.mem->ptr, &q, stream_, prologue_q8_);
         matvec_q8(q, stream_);
         if (st.count == 2 && q.fold.op == EpilogueOp::None) enqueue_epilogue(nodes_[st.first + 1], logits, nl);
         break;
@@ -1523,6 +1540,7 @@ class CudaDevice final : public Device {
   bool q8_ = false;  // the route's matvec quantizes the activations
   std::unique_ptr<DeviceMemory> weight_, gamma_;
   Scratch hidden_, normed_, topk_scratch_, topk_out_, flag_, acts_q8_;
+  bool prologue_q8_ = false;  // the norm + γ step quantizes the activations (cuda_fusable_q8)
   Scratch score_ids_, score_out_, score_chunk_;  // score(): ids (long grids), results kept there, a group's logits
   ReduceScratch score_reduce_;
   MappedHost score_in_, score_results_;  // score(): the ids; the first bad index and the results

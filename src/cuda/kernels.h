@@ -23,6 +23,11 @@ void rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder o
 void layer_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream);
 // y[k, i] = y[k, i] * v[i] for k < rows, i < n
 void mul_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t stream);
+// RMSNorm then γ (y = (x r) γ, the bytes of rms_norm then mul_rows) and the q8
+// activations of y for weight type `type` into scratch (quantize_acts_q8's
+// layout and bytes; then quantize_acts_q8(..., quantized = true)): one kernel.
+void rms_norm_gamma_q8(const float* x, float* y, const float* gamma, int64_t H, int t, float eps, NormOrder order,
+                       uint32_t type, void* scratch, cudaStream_t stream);
 
 // A consumer kernel (after the route: reductions, selection, sampling) of at
 // most this many CTAs -- about one wave of an H200's 132 SMs -- is bound by
@@ -121,8 +126,10 @@ constexpr int kQ8FoldMaxTokens = 16;
 size_t acts_q8_scratch_bytes(uint32_t type, int64_t K, int t);
 // Quantizes x [t x ldx] (K columns) into scratch as the CPU's q8 mode does for
 // the weight type and points a's xq/meta/t at it.
+// quantized: the scratch holds them already (rms_norm_gamma_q8 wrote them): only a's
+// pointers (and the wgmma layout) are set.
 void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int t, void* scratch, Q8Call* a,
-                      cudaStream_t stream);
+                      cudaStream_t stream, bool quantized = false);
 // y = W x with a's quantized activations (t <= 64 per launch; larger t in tiles).
 void matvec_q8(const Q8Call& a, cudaStream_t stream);
 // Tokens [k0, k0 + count) of a's activations, written from row k0 of a.y.

@@ -1,15 +1,9 @@
 // acts="q8": the activation quantizer, the launch plan and the per-type
 // dispatch of the int8 matvec (kernel and layout: matvec_q8.cuh).
 //
-// quantize_q8_kernel reproduces the CPU's quantizers (src/cpp/cpu/acts_q8.cpp,
-// ggml's x86 ones) bit for bit:
-//   Q8_K (K-quant weights), per 256: max = the value of largest |x| (the first
-//     on ties), iscale = -127/max, q = min(127, round-half-even(iscale*x)),
-//     d = 1/iscale; all-zero blocks get d = 0. Sums of 16 (Q6_K) or 32 quants.
-//     (NaN, reachable with check_finite=False, quantizes to 0 as on the CPU.)
-//   Q8_0, per 32: amax = max |x|, d = f16(amax/127), id = amax ? 127/amax : 0,
-//     q = round-half-even(x*id) (NaN -> -128, as the CPU's saturating pack).
-// One warp per (token, 256 columns); lane l owns columns 8l..8l+7.
+// quantize_q8_kernel: the CPU quantizers bit for bit (quantize_q8.cuh, which the
+// fused norm + gamma + quantizer kernel of norm.cu shares). One warp per (token,
+// 256 columns).
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
@@ -25,15 +19,6 @@ namespace {
 
 constexpr size_t kQ8SmemBudget = 100 * 1024;  // staged quants + records per CTA before columns are chunked
 
-enum class Q8Kind { Sum32, Sum16, Q80 };  // Q4_K/Q5_K records, Q6_K records, Q8_0 scales
-
-Q8Kind q8_kind(uint32_t type) {
-  return type == (uint32_t)GgmlType::Q8_0 ? Q8Kind::Q80 : type == (uint32_t)GgmlType::Q6_K ? Q8Kind::Sum16 : Q8Kind::Sum32;
-}
-int q8_rec_bytes(Q8Kind k) { return k == Q8Kind::Q80 ? 4 : k == Q8Kind::Sum16 ? 48 : 32; }
-int q8_meta_cols(Q8Kind k) { return k == Q8Kind::Q80 ? 32 : 256; }
-int64_t q8_pitch(int64_t K) { return (K + 255) / 256 * 256; }
-
 template <Q8Kind kKind>
 __global__ void quantize_q8_kernel(const float* x, int64_t ldx, int64_t K, int64_t pitch, int t, int8_t* xq,
                                    uint8_t* meta, uint8_t* meta_f16, int64_t meta_per_token) {
@@ -43,108 +28,7 @@ __global__ void quantize_q8_kernel(const float* x, int64_t ldx, int64_t K, int64
   const int64_t chunk = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
   const int k = blockIdx.y;
   if (chunk * 256 >= pitch || k >= t) return;  // uniform per warp
-  const int64_t c0 = chunk * 256 + 8 * lane;
-  float v[8];
-  if (c0 < K) {  // K is a multiple of 32: a lane's 8 columns are all in or all out
-    const float4* p = reinterpret_cast<const float4*>(x + k * ldx + c0);
-    const float4 a = p[0], b = p[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-  }
-  int q[8];
-  if constexpr (kKind == Q8Kind::Q80) {
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const __half dh = __float2half_rn(amax / 127.0f);
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float s = v[i] * id;
-      q[i] = s != s ? -128 : max(-128, min(127, __float2int_rn(s)));
-    }
-    if ((lane & 3) == 0) {
-      const int64_t blk = chunk * 8 + (lane >> 2);
-      if (blk < meta_per_token) reinterpret_cast<float*>(meta)[k * meta_per_token + blk] = __half2float(dh);
-    }
-  } else {
-    // the first element of largest magnitude (strictly greater wins, as the CPU's scan)
-    float amax = 0.0f, mx = 0.0f;
-    int idx = INT_MAX;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float ax = fabsf(v[i]);
-      if (ax > amax) amax = ax, mx = v[i], idx = 8 * lane + i;
-    }
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) {
-      const float oa = __shfl_xor_sync(0xffffffffu, amax, off), om = __shfl_xor_sync(0xffffffffu, mx, off);
-      const int oi = __shfl_xor_sync(0xffffffffu, idx, off);
-      if (oa > amax || (oa == amax && oi < idx)) amax = oa, mx = om, idx = oi;
-    }
-    float d = 0.0f;
-    if (amax != 0.0f) {
-      const float iscale = -127.0f / mx;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float s = iscale * v[i];
-        q[i] = s != s ? 0 : min(127, __float2int_rn(s));  // NaN -> 0, as nearest_int's bit trick gives
-      }
-      d = 1.0f / iscale;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) q[i] = 0;
-    }
-    int s8 = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s8 += q[i];
-    const int s16 = s8 + __shfl_xor_sync(0xffffffffu, s8, 1);
-    const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 2);
-    uint8_t* rec = meta + (k * meta_per_token + chunk) * (kKind == Q8Kind::Sum16 ? 48 : 32);
-    if constexpr (kKind == Q8Kind::Sum16) {
-      if ((lane & 1) == 0) {
-        rec[lane >> 1] = (uint8_t)(s16 & 0xff);
-        rec[16 + (lane >> 1)] = (uint8_t)((s16 >> 8) & 0xff);
-      }
-      if (lane == 0) {
-        reinterpret_cast<float*>(rec)[8] = d;
-        reinterpret_cast<uint32_t*>(rec)[9] = reinterpret_cast<uint32_t*>(rec)[10] = reinterpret_cast<uint32_t*>(rec)[11] = 0;
-      }
-    } else {
-      if ((lane & 3) == 0) {
-        rec[lane >> 2] = (uint8_t)(s32 & 0xff);
-        rec[8 + (lane >> 2)] = (uint8_t)((s32 >> 8) & 0xff);
-      }
-      if (lane == 0) {
-        reinterpret_cast<float*>(rec)[4] = d;
-        reinterpret_cast<uint32_t*>(rec)[5] = reinterpret_cast<uint32_t*>(rec)[6] = reinterpret_cast<uint32_t*>(rec)[7] = 0;
-      }
-      // the same sums as the f16 halves the tensor-core mins read (kQ8F16RecBytes), so the
-      // streamed batch kernel copies records instead of converting them
-      const int s32_next = __shfl_down_sync(0xffffffffu, s32, 4);  // sub-block 2q + 1's, at lane 8q
-      uint32_t* rf = reinterpret_cast<uint32_t*>(meta_f16 + (k * meta_per_token + chunk) * kQ8F16RecSrcBytes);
-      if ((lane & 7) == 0) {
-        const int qq = lane >> 3;
-        const __half2 lo = __halves2half2(__int2half_rn(s32 & 0xff), __int2half_rn(s32_next & 0xff));
-        const __half2 hi = __halves2half2(__int2half_rn((int)(int8_t)((s32 >> 8) & 0xff)),
-                                          __int2half_rn((int)(int8_t)((s32_next >> 8) & 0xff)));
-        rf[2 * qq] = *reinterpret_cast<const uint32_t*>(&lo);
-        rf[2 * qq + 1] = *reinterpret_cast<const uint32_t*>(&hi);
-      }
-      if (lane == 0) {
-        rf[8] = __float_as_uint(d);
-        rf[9] = rf[10] = rf[11] = 0;
-      }
-    }
-  }
-  uint2 packed;
-  packed.x = __byte_perm(__byte_perm(q[0], q[1], 0x0040), __byte_perm(q[2], q[3], 0x0040), 0x5410);
-  packed.y = __byte_perm(__byte_perm(q[4], q[5], 0x0040), __byte_perm(q[6], q[7], 0x0040), 0x5410);
-  *reinterpret_cast<uint2*>(xq + k * pitch + c0) = packed;
+  quantize_q8_chunk<kKind>(x + k * ldx, K, pitch, chunk, k, lane, xq, meta, meta_f16, meta_per_token);
 }
 
 }  // namespace
@@ -163,34 +47,34 @@ size_t acts_q8_scratch_bytes(uint32_t type, int64_t K, int t) {
 }
 
 void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int t, void* scratch, Q8Call* a,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool quantized) {
   if (!q8_supported(type)) throw DeviceError("quantize_acts_q8: no q8 kernel for this weight type");
   const Q8Kind kind = q8_kind(type);
   if (K % q8_meta_cols(kind) != 0 || ldx % 4 != 0)
     throw DeviceError("quantize_acts_q8: K=" + std::to_string(K) + " is not a multiple of the block size");
-  const int64_t pitch = q8_pitch(K);
-  auto* xq = static_cast<int8_t*>(scratch);
-  auto* meta = static_cast<uint8_t*>(scratch) + ((size_t)t * (size_t)pitch + 15) / 16 * 16;
-  const int64_t per_token = pitch / q8_meta_cols(kind);
-  // Q4_K/Q5_K: the f16 records after the raw ones (16-byte aligned: 32-byte raw records)
-  uint8_t* meta_f16 = kind == Q8Kind::Sum32 ? meta + (size_t)t * (size_t)per_token * 32 : nullptr;
+  const Q8ActsOut o = q8_acts_out(type, K, t, scratch);
+  const int64_t pitch = o.pitch, per_token = o.per_token;
+  int8_t* xq = o.xq;
+  uint8_t *meta = o.meta, *meta_f16 = o.meta_f16;
   const int warps = 8;
   const dim3 grid((unsigned)((pitch / 256 + warps - 1) / warps), (unsigned)t);
-  switch (kind) {
-    case Q8Kind::Sum32:
-      launch_pdl(quantize_q8_kernel<Q8Kind::Sum32>, grid, dim3(32 * warps), 0, stream, "quantize_acts_q8", x, ldx, K,
-                 pitch, t, xq, meta, meta_f16, per_token);
-      break;
-    case Q8Kind::Sum16:
-      launch_pdl(quantize_q8_kernel<Q8Kind::Sum16>, grid, dim3(32 * warps), 0, stream, "quantize_acts_q8", x, ldx, K,
-                 pitch, t, xq, meta, meta_f16, per_token);
-      break;
-    case Q8Kind::Q80:
-      launch_pdl(quantize_q8_kernel<Q8Kind::Q80>, grid, dim3(32 * warps), 0, stream, "quantize_acts_q8", x, ldx, K,
-                 pitch, t, xq, meta, meta_f16, per_token);
-      break;
+  if (!quantized) {
+    switch (kind) {
+      case Q8Kind::Sum32:
+        launch_pdl(quantize_q8_kernel<Q8Kind::Sum32>, grid, dim3(32 * warps), 0, stream, "quantize_acts_q8", x, ldx, K,
+                   pitch, t, xq, meta, meta_f16, per_token);
+        break;
+      case Q8Kind::Sum16:
+        launch_pdl(quantize_q8_kernel<Q8Kind::Sum16>, grid, dim3(32 * warps), 0, stream, "quantize_acts_q8", x, ldx, K,
+                   pitch, t, xq, meta, meta_f16, per_token);
+        break;
+      case Q8Kind::Q80:
+        launch_pdl(quantize_q8_kernel<Q8Kind::Q80>, grid, dim3(32 * warps), 0, stream, "quantize_acts_q8", x, ldx, K,
+                   pitch, t, xq, meta, meta_f16, per_token);
+        break;
+    }
+    check_launch("quantize_acts_q8");
   }
-  check_launch("quantize_acts_q8");
   a->xq = xq;
   a->xq_pitch = pitch;
   a->meta = meta;

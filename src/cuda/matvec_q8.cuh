@@ -51,6 +51,7 @@
 #include "logit_keys.cuh"
 #include "matvec.cuh"
 #include "muser/q8_step.h"
+#include "quantize_q8.cuh"
 
 #include <type_traits>
 
@@ -167,9 +168,7 @@ struct Q8Smem {
 };
 
 constexpr int kQ8F16RecBytes = 40;
-// The quantizer's copy of those records in global memory (Q8Args::meta_f16), padded to
-// three 16-byte pieces so that cp.async copies them.
-constexpr int kQ8F16RecSrcBytes = 48;
+// (The quantizer's copy of those records in global memory: kQ8F16RecSrcBytes, quantize_q8.cuh.)
 // How a kernel instance stages the records. Lanes that keep two tokens (kJ = 2)
 // of a K-quant with mins take the mins' sums on the tensor cores: an f16 mma
 // of the 8 mins (and 256 x them) against the token's 8 sub-block sums split as

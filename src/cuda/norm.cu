@@ -2,7 +2,10 @@
 // mul_rows node), one CTA of 256 threads per hidden state, the row staged in
 // shared memory when it fits (load_row). The norm is not fused with γ here: a
 // one-CTA-per-row norm + γ kernel made the q8 route 1.5 % slower at t = 1 than
-// the two kernels overlapped by PDL (docs/performance.md, "Fusion on CUDA").
+// the two kernels overlapped by PDL (docs/performance.md). Where the q8 matvec
+// follows, one kernel does the norm, γ and the activation quantizer
+// (norm_gamma_q8_kernel): γ staged before the wait for the node before it,
+// the quantizer reading the row from shared memory.
 //
 // Ggml order (routes graph, fused, reference): ggml's CPU arithmetic -- each
 // square (or value) rounded to f32, summed in double -- with the double sum
@@ -16,9 +19,12 @@
 // tree) exactly as dot_canon on the CPU, so the normed bits are the CPU's.
 //
 // Division and square root are IEEE (__fdiv_rn, __fsqrt_rn), as on the CPU.
+#include <algorithm>
+
 #include "cuda_check.h"
 #include "kernels.h"
 #include "pdl.cuh"
+#include "quantize_q8.cuh"
 
 namespace muser::cuda {
 
@@ -134,6 +140,51 @@ __global__ void norm_kernel(const float* x, float* y, int64_t H, float eps) {
   for (int64_t j = threadIdx.x; j < H; j += kNormThreads) yr[j] = __fmul_rn(src[j], r);
 }
 
+// The columns one CTA of norm_gamma_q8_kernel quantizes: a chunk of 256 per warp.
+constexpr int64_t kNormQ8CtaCols = (kNormThreads / 32) * 256;
+
+// RMSNorm, γ and the activation quantizer of a hidden state: CTA (k, g) of the
+// grid [t, ceil(pitch / 2048)] computes token k's statistic over the whole row
+// (every CTA of the token the same bits), then y = (x r) γ -- the norm's and
+// mul_rows' two roundings -- over its 2,048 columns, written to y and
+// quantized as quantize_q8_kernel does, a chunk of 256 per warp. A long row is
+// thus quantized by several CTAs at once (one CTA quantizing all 26 chunks of
+// a 6,656-column row serially made the seed head's call 2.5 µs slower than
+// the three kernels apart). γ depends on no earlier node, so the CTA's part
+// is staged before the wait (a strided read of it after the wait is what made
+// an earlier norm + γ kernel slower). With kStaged the row ([H]) and the γ part
+// live in shared memory, else both are read in place.
+template <NormKind kKind, bool kStaged, Q8Kind kQ>
+__global__ void norm_gamma_q8_kernel(const float* x, float* y, const float* gamma, int64_t H, float eps, int8_t* xq,
+                                     uint8_t* meta, uint8_t* meta_f16, int64_t pitch, int64_t per_token) {
+  static_assert(kKind == NormKind::RmsGgml || kKind == NormKind::RmsCanon, "RMSNorm only: its statistic reads x alone");
+  pdl_launch_dependents();
+  extern __shared__ float row_smem[];
+  const int64_t c0 = (int64_t)blockIdx.y * kNormQ8CtaCols, c1 = min(H, c0 + kNormQ8CtaCols);
+  float* gs = row_smem + H;  // γ[c0, c1) when staged
+  if (kStaged) {  // H % 4 == 0 and 16-byte aligned: the launcher stages only then (c0 is a multiple of 2,048)
+    const float4* g4 = reinterpret_cast<const float4*>(gamma + c0);
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < (c1 - c0) / 4; j += kNormThreads) reinterpret_cast<float4*>(gs)[j] = g4[j];
+    // (load_row's barrier below orders these writes before any read)
+  }
+  pdl_wait();
+  const float* xr = load_row<kStaged>(x + blockIdx.x * H, H, row_smem);
+  float* yr = y + blockIdx.x * H;
+  const float r = norm_inv_scale<kKind>(xr, yr, H, eps);  // every read of xr is done when it returns
+#pragma unroll 8
+  for (int64_t j = c0 + threadIdx.x; j < c1; j += kNormThreads) {
+    const float v = __fmul_rn(__fmul_rn(xr[j], r), kStaged ? gs[j - c0] : gamma[j]);
+    yr[j] = v;
+    if (kStaged) row_smem[j] = v;  // in place: thread j alone reads and writes column j here
+  }
+  __syncthreads();  // the row (shared memory, or y: global writes of the CTA) before the quantizer reads it
+  const float* row = kStaged ? row_smem : yr;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t chunk = c0 / 256 + warp;
+  if (chunk * 256 < pitch) quantize_q8_chunk<kQ>(row, H, pitch, chunk, blockIdx.x, lane, xq, meta, meta_f16, per_token);
+}
+
 __global__ void mul_rows_kernel(float* y, const float* v, int64_t n, int rows) {
   pdl_launch_dependents();
   pdl_wait();
@@ -174,9 +225,53 @@ void launch_mul_rows(float* y, const float* v, int64_t n, int rows, cudaStream_t
     launch_pdl(mul_rows_kernel, dim3((unsigned)blocks), dim3(threads), 0, s, "mul_rows", y, v, n, rows);
 }
 
+// the row and the CTA's γ part staged up to 22,528 columns (every data-center
+// GPU muser builds for opts in to 96 KB a CTA)
+constexpr int64_t kStagedRowAndGammaBytes = 96 * 1024;
+
+template <NormKind kKind, Q8Kind kQ>
+void launch_norm_gamma_q8(const float* x, float* y, const float* gamma, int64_t H, int t, float eps,
+                          const Q8ActsOut& o, cudaStream_t s) {
+  const dim3 grid((unsigned)t, (unsigned)((o.pitch + kNormQ8CtaCols - 1) / kNormQ8CtaCols));
+  const int64_t smem = (H + std::min(H, kNormQ8CtaCols)) * (int64_t)sizeof(float);
+  const bool aligned = H % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
+                       (reinterpret_cast<uintptr_t>(gamma) & 15) == 0;
+  if (aligned && smem <= kStagedRowAndGammaBytes) {
+    if (smem > 48 * 1024)
+      check(cudaFuncSetAttribute(norm_gamma_q8_kernel<kKind, true, kQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem),
+            "cudaFuncSetAttribute(rms_norm_gamma_q8 shared memory)");
+    launch_pdl(norm_gamma_q8_kernel<kKind, true, kQ>, grid, dim3(kNormThreads), (size_t)smem, s, "rms_norm_gamma_q8",
+               x, y, gamma, H, eps, o.xq, o.meta, o.meta_f16, o.pitch, o.per_token);
+  } else {
+    launch_pdl(norm_gamma_q8_kernel<kKind, false, kQ>, grid, dim3(kNormThreads), 0, s, "rms_norm_gamma_q8", x, y,
+               gamma, H, eps, o.xq, o.meta, o.meta_f16, o.pitch, o.per_token);
+  }
+}
+
+template <NormKind kKind>
+void launch_norm_gamma_q8_kind(const float* x, float* y, const float* gamma, int64_t H, int t, float eps,
+                               uint32_t type, const Q8ActsOut& o, cudaStream_t s) {
+  switch (q8_kind(type)) {
+    case Q8Kind::Sum32: launch_norm_gamma_q8<kKind, Q8Kind::Sum32>(x, y, gamma, H, t, eps, o, s); break;
+    case Q8Kind::Sum16: launch_norm_gamma_q8<kKind, Q8Kind::Sum16>(x, y, gamma, H, t, eps, o, s); break;
+    case Q8Kind::Q80: launch_norm_gamma_q8<kKind, Q8Kind::Q80>(x, y, gamma, H, t, eps, o, s); break;
+  }
+}
+
 }  // namespace
 
 // ---- checked entries ----
+
+void rms_norm_gamma_q8(const float* x, float* y, const float* gamma, int64_t H, int t, float eps, NormOrder order,
+                       uint32_t type, void* scratch, cudaStream_t stream) {
+  if (!is_q8_type(type) || H % q8_meta_cols(q8_kind(type)) != 0)
+    throw DeviceError("rms_norm_gamma_q8: no q8 quantizer for this weight type and H=" + std::to_string(H));
+  const Q8ActsOut o = q8_acts_out(type, H, t, scratch);
+  if (order == NormOrder::Ggml) launch_norm_gamma_q8_kind<NormKind::RmsGgml>(x, y, gamma, H, t, eps, type, o, stream);
+  else launch_norm_gamma_q8_kind<NormKind::RmsCanon>(x, y, gamma, H, t, eps, type, o, stream);
+  check_launch(order == NormOrder::Ggml ? "rms_norm_gamma_q8_ggml" : "rms_norm_gamma_q8_canon");
+}
 
 void rms_norm(const float* x, float* y, int64_t H, int t, float eps, NormOrder order, cudaStream_t stream) {
   launch_rms_norm(x, y, H, t, eps, order, stream);
