@@ -297,6 +297,38 @@ def test_device_top_p_cuts_within_tied_logits_by_id(files):
             assert abs(float(got.kept_mass[r]) - max(top_p, 1 / 5003)) < 2e-4
 
 
+@pytest.mark.parametrize("route,acts", [("canonical", "f32"), ("fused", "q8")])
+@pytest.mark.parametrize("plateau", (100, 1000))
+def test_device_top_p_cuts_inside_a_plateau_of_equal_logits(tmp_path, route, acts, plateau):
+    # `plateau` rows equal (so their logits are) and far above the rest: top_p's cut lies inside
+    # the one bin of m - z that holds them, whose tokens the select collects and orders -- 100 by
+    # counting the keys above each, 1,000 by the radix sort -- to the cut at the lowest ids
+    from muser import _sampling
+    rng = np.random.default_rng(8)
+    x = hidden_states(256, 2, seed=31)
+    x[1] = x[0]
+    w = rng.standard_normal((5003, 256), dtype=np.float32) * np.float32(0.01)
+    w[:plateau] = x[0]
+    kw = dict(hidden=256, vocab=5003, weight_type="Q8_0", softcap=30.0, seed=3)
+    path = write_head_gguf(tmp_path / "plateau.gguf", weight=w, **kw)
+    w[:plateau] *= np.float32(8.0 / float(muser.Head.load(path)(x[0])[0]))  # the plateau's logits near 8
+    path = write_head_gguf(tmp_path / "plateau2.gguf", weight=w, **kw)
+    gpu = muser.Head.load(path, device="cuda", route=route, acts=acts)
+    pos = np.array([3, 4])
+    logits = np.array(gpu(x))
+    assert (logits[:, :plateau] == logits[0, 0]).all() and logits[0, 0] > logits[:, plateau:].max() + 5
+    for top_p in (0.5, 0.93):
+        got = gpu.sample(x, seed=7, positions=pos, top_p=top_p)
+        params = _sampling.check_params(5003, seed=7, positions=pos, temperature=1.0, top_k=0, top_p=top_p,
+                                        min_p=0.0, logit_bias=None, allowed=None)
+        want = _sampling.sample_logits(logits, False, params, pos.astype(np.uint64))
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        for field in ("logprobs", "processed_logprobs", "kept_mass"):
+            np.testing.assert_array_equal(bits(getattr(got, field)), bits(getattr(want, field)), err_msg=field)
+        assert (got.tokens < plateau).all()
+        assert abs(float(got.kept_mass[0]) - top_p) < 2.0 / plateau
+
+
 @pytest.mark.parametrize("kw", [{"top_p": 0.8}, {"top_k": 100, "top_p": 0.8}, {"top_k": 30}])
 def test_device_sample_of_40_rows_equals_host_sampling(files, kw):
     # top_k's cut in groups of 16 rows, then top_p over all 40 rows in one grid
