@@ -498,7 +498,8 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
 //   Start    bins of m - z, 1/64 wide (in the order: ascending), S and T;
 //   Refine   the region's next 11 bits of the order key (descending);
 //   Collect  a region of at most kTopPCandidates tokens: their (key, weight)
-//            pairs, sorted, and the crossing -- the cut's last token, top_p's
+//            pairs in the order (ranked by counting up to one a thread, else
+//            sorted), and the crossing -- the cut's last token, top_p's
 //            (thr_z, thr_id).
 // Two grids over the row's tiles: the first adds each token's weight into its
 // d-bin (shared memory, then the row's bins) and its finishing CTA picks the
@@ -506,7 +507,7 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
 // is larger (a plateau of more than kTopPCandidates tokens 1/64 wide), adds
 // one digit's bins, and its finishing CTA goes on alone over the row, a digit
 // at a time, until a region fits (every digit narrows it; the whole key is one
-// token), then sorts the candidates and finds the crossing.
+// token), then orders the candidates and finds the crossing.
 constexpr int kTopPDigitBits = 11;
 static_assert(kTopPBins == 1 << kTopPDigitBits, "a bin per digit value");
 constexpr float kTopPDbinsPerUnit = 64.0f;
