@@ -298,11 +298,11 @@ def test_device_top_p_cuts_within_tied_logits_by_id(files):
 
 
 @pytest.mark.parametrize("route,acts", [("canonical", "f32"), ("fused", "q8")])
-@pytest.mark.parametrize("plateau", (100, 1000))
+@pytest.mark.parametrize("plateau", (100, 400, 1000))
 def test_device_top_p_cuts_inside_a_plateau_of_equal_logits(tmp_path, route, acts, plateau):
     # `plateau` rows equal (so their logits are) and far above the rest: top_p's cut lies inside
-    # the one bin of m - z that holds them, whose tokens the select collects and orders -- 100 by
-    # counting the keys above each, 1,000 by the radix sort -- to the cut at the lowest ids
+    # the one bin of m - z that holds them, whose tokens the select collects and orders (a bitonic
+    # sort of 128, 512 and 1,024 slots) to the cut at the lowest ids
     from muser import _sampling
     rng = np.random.default_rng(8)
     x = hidden_states(256, 2, seed=31)

@@ -24,7 +24,6 @@
 //
 // Every kernel but the order's sort runs a CTA per (row, tile of kLseTile ids);
 // the CTA that finishes a row's last tile joins the row (tile_reduce.cuh).
-#include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
@@ -498,8 +497,8 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
 //   Start    bins of m - z, 1/64 wide (in the order: ascending), S and T;
 //   Refine   the region's next 11 bits of the order key (descending);
 //   Collect  a region of at most kTopPCandidates tokens: their (key, weight)
-//            pairs in the order (ranked by counting up to one a thread, else
-//            sorted), and the crossing -- the cut's last token, top_p's
+//            pairs in the order (a bitonic sort in shared memory), and the
+//            crossing -- the cut's last token, top_p's
 //            (thr_z, thr_id).
 // Two grids over the row's tiles: the first adds each token's weight into its
 // d-bin (shared memory, then the row's bins) and its finishing CTA picks the
@@ -512,7 +511,8 @@ constexpr int kTopPDigitBits = 11;
 static_assert(kTopPBins == 1 << kTopPDigitBits, "a bin per digit value");
 constexpr float kTopPDbinsPerUnit = 64.0f;
 constexpr int kTopPPerThread = kTopPBins / kTileThreads;  // bins a thread picks from; candidates it sorts
-static_assert(kTopPCandidates == kTopPPerThread * kTileThreads, "one sort holds the candidates");
+static_assert(kTopPCandidates == kTopPPerThread * kTileThreads && kTopPCandidates <= kTopPBins,
+              "the blocked slices hold the candidates, the bins their order");
 enum TopPPhase : int32_t { kTopPStart = 0, kTopPRefine = 1, kTopPCollect = 2, kTopPDone = 3 };
 
 // pass 0's bin of a finite z (non-decreasing as z falls: ties share one)
@@ -521,14 +521,12 @@ __device__ __forceinline__ int top_p_dbin(float z, float m) {
   return f < (float)(kTopPBins - 1) ? (int)f : kTopPBins - 1;
 }
 
-using TopPSort = cub::BlockRadixSort<unsigned long long, kTileThreads, kTopPPerThread, unsigned long long>;
 using TopPScan = cub::BlockScan<unsigned long long, kTileThreads>;
 union TopPSmem {
   struct {
     unsigned long long mass[kTopPBins];
     unsigned count[kTopPBins];
   } bins;
-  typename TopPSort::TempStorage sort;
   typename TopPScan::TempStorage scan;
 };
 
@@ -657,6 +655,40 @@ __device__ __forceinline__ void top_p_take_bins(PM mass, PC count, bool ascendin
   }
 }
 
+// In a finishing CTA (every thread calls it): the region's n candidates in the
+// order, keys descending, in sm.bins.mass[0, n) with each one's slot in `cand`
+// in sm.bins.count. A bitonic sort of the next power of two (zeros pad: below
+// every token's key; the keys are distinct, so the order is the one order):
+// log2(P)(log2(P)+1)/2 steps of P/2 compare-exchanges, ~1 us at the usual
+// handful, where a 50-bit radix sort of every slot took ~20.
+__device__ __forceinline__ void top_p_order_candidates(const unsigned long long* cand, unsigned n, TopPSmem& sm) {
+  unsigned long long* const key = sm.bins.mass;
+  unsigned* const slot = sm.bins.count;
+  unsigned P = 2;
+  while (P < n) P <<= 1;
+  for (unsigned i = threadIdx.x; i < P; i += kTileThreads) {
+    key[i] = i < n ? __ldcg(&cand[2 * i]) : 0ull;
+    slot[i] = i;
+  }
+  __syncthreads();
+  for (unsigned k = 2; k <= P; k <<= 1)
+    for (unsigned j = k >> 1; j > 0; j >>= 1) {
+      for (unsigned i = threadIdx.x; i < P / 2; i += kTileThreads) {
+        const unsigned lo = ((i & ~(j - 1)) << 1) | (i & (j - 1)), hi = lo + j;
+        const bool descending = (lo & k) == 0;  // the whole array when k == P
+        const unsigned long long x = key[lo], y = key[hi];
+        if (descending ? x < y : x > y) {
+          key[lo] = y;
+          key[hi] = x;
+          const unsigned was = slot[lo];
+          slot[lo] = slot[hi];
+          slot[hi] = was;
+        }
+      }
+      __syncthreads();
+    }
+}
+
 // pass 0: the d-bins; pass 1: the region's candidates (or a digit), then the cut.
 __global__ void __launch_bounds__(kTileThreads) sample_top_p_pass_kernel(SampleKargs a, int row0, int pass) {
   pdl_launch_dependents();
@@ -737,48 +769,17 @@ __global__ void __launch_bounds__(kTileThreads) sample_top_p_pass_kernel(SampleK
     }
   }
   // the region's candidates in the order (blocked: thread i holds ranks 8i..8i+7),
-  // then the crossing. At most one candidate a thread (the usual case: the cut's bin,
-  // 1/64 wide, holds a handful): each one's rank is the count of keys above it -- the
-  // keys are distinct, so the ranks are the sort's -- which saves ~20 us a row over the
-  // radix sort (50 bits of 2,048 slots, however few are filled) that more go through.
+  // then the crossing
   const unsigned n = g.phase == kTopPCollect ? __ldcg(&row.tp_cand) : 0u;
+  top_p_order_candidates(cand, n, sm);
   unsigned long long keys[kTopPPerThread];
-  if (n <= (unsigned)kTileThreads) {
-    static_assert(3 * kTileThreads <= kTopPBins, "the bins' shared memory holds the three arrays");
-    unsigned long long* const in_key = sm.bins.mass;
-    unsigned long long* const out_key = in_key + kTileThreads;
-    unsigned long long* const out_w = out_key + kTileThreads;
-    const unsigned i = threadIdx.x;
-    unsigned long long ki = 0, wi = 0;
-    if (i < n) {
-      ki = __ldcg(&cand[2 * i]);
-      wi = __ldcg(&cand[2 * i + 1]);
-      in_key[i] = ki;
-    }
-    __syncthreads();
-    if (i < n) {
-      unsigned rank = 0;
-      for (unsigned j = 0; j < n; ++j) rank += in_key[j] > ki;
-      out_key[rank] = ki;
-      out_w[rank] = wi;
-    }
-    __syncthreads();
 #pragma unroll
-    for (int q = 0; q < kTopPPerThread; ++q) {
-      const unsigned pos = threadIdx.x * kTopPPerThread + q;
-      keys[q] = pos < n ? out_key[pos] : 0ull;
-      v[q] = pos < n ? out_w[pos] : 0ull;
-    }
-  } else {
-#pragma unroll
-    for (int q = 0; q < kTopPPerThread; ++q) {
-      const unsigned pos = threadIdx.x * kTopPPerThread + q;
-      keys[q] = pos < n ? __ldcg(&cand[2 * pos]) : 0ull;  // 0: below every token's key
-      v[q] = pos < n ? __ldcg(&cand[2 * pos + 1]) : 0ull;
-    }
-    TopPSort(sm.sort).SortDescending(keys, v, 0, 32 + a.id_bits);
+  for (int q = 0; q < kTopPPerThread; ++q) {
+    const unsigned pos = threadIdx.x * kTopPPerThread + q;
+    keys[q] = pos < n ? sm.bins.mass[pos] : 0ull;
+    v[q] = pos < n ? __ldcg(&cand[2 * sm.bins.count[pos] + 1]) : 0ull;
   }
-  __syncthreads();  // the sort's (or the ranks') shared memory becomes the scan's
+  __syncthreads();  // the order's shared memory becomes the scan's
   unsigned long long before;
   const int at = top_p_crossing(v, n ? g.rem : 0ull, sm, before);
   if (at >= 0) {
