@@ -615,14 +615,17 @@ def test_canonical_bitwise_equal_to_cpu_at_every_batch_size(head_file, weight_ty
 
 
 # the wide kernel (Q4_K/Q5_K: 8 rows x 8 token slots per warp): t = 6, 7 leave slots
-# empty (t = 5 stays on the 4-row kernel), larger t run tiles of 8 and a last tile of
-# t mod 8; 5,003 rows end inside a warp's 8 rows and a CTA's 96
+# empty (t = 5 stays on the 4-row kernel), t = 9..16 run tiles of 8 and a last tile of
+# t mod 8; from 25 tokens the shared-decode kernel (32 rows x 32 tokens a CTA) runs tiles
+# of 32, the last one computed as 32 when it holds 25..31 tokens, else as wide tiles
+# (t = 17, 31, 32, 48, 63, 65, 130 end a tile in each way); 5,003 rows end inside a warp's
+# 8 rows, a CTA's 32 and a wide CTA's 96
 @pytest.mark.parametrize("weight_type", ("Q5_K", "Q4_K"))
-def test_canonical_wide_kernel_bitwise_equal_to_cpu(head_file, weight_type):
+def test_canonical_wide_and_shared_decode_kernels_bitwise_equal_to_cpu(head_file, weight_type):
     path = head_file(weight_type)
     cpu = muser.Head.load(path, device="cpu", route="canonical")
     gpu = muser.Head.load(path, device="cuda", route="canonical")
-    for t in (5, 6, 7, 9, 13, 63, 65, 130):
+    for t in (5, 6, 7, 9, 13, 17, 31, 32, 48, 63, 65, 130):
         x = hidden_states(SHAPES[weight_type], t, seed=700 + t)
         assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}")
 

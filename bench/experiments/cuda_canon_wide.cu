@@ -37,6 +37,7 @@ static uint32_t next_u32() {
 struct Launch {
   const char* name;
   void (*run)(const MatvecArgs&);
+  int tile;
 };
 
 static int sms() {
@@ -75,14 +76,21 @@ static void run_wide(const MatvecArgs& a) {
               (int64_t)kWarps * kWideRows, a, 0, false);
 }
 
-// t tokens as matvec_canon runs them: launches of up to 8
-static void run_tiles(void (*run)(const MatvecArgs&), MatvecArgs a, int t) {
-  for (int k0 = 0; k0 < t; k0 += 8) {
-    MatvecArgs tile = a;
-    tile.t = std::min(8, t - k0);
-    tile.x = a.x + k0 * a.ldx;
-    tile.y = a.y + k0 * a.ldy;
-    run(tile);
+template <int TG>
+static void run_shared(const MatvecArgs& a) {
+  launch_grid(&matvec_canon_shared_kernel<true, TG>, 32 * kSharedWarps, SharedTile<TG>::smem_bytes,
+              SharedTile<TG>::rows, a, 0, false);
+}
+
+// t tokens as matvec_canon runs them: launches of up to `tile`
+static void run_tiles(void (*run)(const MatvecArgs&), MatvecArgs a, int t, int tile = 8) {
+  for (int k0 = 0; k0 < t; k0 += tile) {
+    MatvecArgs tile_args = a;
+    MatvecArgs& tile_a = tile_args;
+    tile_a.t = std::min(tile, t - k0);
+    tile_a.x = a.x + k0 * a.ldx;
+    tile_a.y = a.y + k0 * a.ldy;
+    run(tile_a);
   }
 }
 
@@ -112,14 +120,15 @@ int main(int argc, char** argv) {
   MatvecArgs a;
   a.rows = rows, a.cols = cols, a.row_bytes = row_bytes, a.ldx = cols, a.ldy = rows;
   a.type = (uint32_t)GgmlType::Q5_K, a.w = dw, a.x = dx;
-  const Launch launches[] = {{"old R=4 16 warps", run_old}, {"wide R=8 8 warps", run_wide<8>},
-                             {"wide R=8 12 warps", run_wide<12>}};
+  const Launch launches[] = {{"old R=4 16 warps", run_old, 8},
+                             {"wide R=8 12 warps", run_wide<12>, 8},
+                             {"shared 32 x 32", run_shared<4>, 32}};
   std::printf("Q5_K %lld x %lld, %d reps; FMA bound = 2*V*H*t / 66.9e12\n", (long long)rows, (long long)cols, reps);
   std::vector<float> got((size_t)tmax * rows), want((size_t)tmax * rows);
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  for (int t : {5, 7, 8, 16, 64, 256}) {
+  for (int t : {8, 16, 24, 32, 64, 256}) {
     a.y = dy_old;
     run_tiles(run_old, a, t);
     CK(cudaMemcpy(want.data(), dy_old, (size_t)t * rows * 4, cudaMemcpyDeviceToHost));
@@ -127,7 +136,7 @@ int main(int argc, char** argv) {
     for (const Launch& L : launches) {
       CK(cudaMemset(dy_new, 0xff, (size_t)t * rows * 4));
       a.y = dy_new;
-      run_tiles(L.run, a, t);
+      run_tiles(L.run, a, t, L.tile);
       CK(cudaDeviceSynchronize());
       CK(cudaMemcpy(got.data(), dy_new, (size_t)t * rows * 4, cudaMemcpyDeviceToHost));
       size_t diff = 0;
@@ -136,7 +145,7 @@ int main(int argc, char** argv) {
       std::vector<float> ms;
       for (int i = 0; i < n; ++i) {
         CK(cudaEventRecord(e0));
-        run_tiles(L.run, a, t);
+        run_tiles(L.run, a, t, L.tile);
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
         float m = 0;

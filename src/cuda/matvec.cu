@@ -196,6 +196,24 @@ bool launch_matvec_wide(const void* kernel, const MatvecArgs& a, int warps, cuda
   return true;
 }
 
+bool matvec_shared_fits(const MatvecArgs& a) {
+  if (a.type != (uint32_t)GgmlType::Q5_K && a.type != (uint32_t)GgmlType::Q4_K) return false;
+  if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || a.ldx % 4 != 0) return false;
+  int dev = 0, optin = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+        "cudaDeviceGetAttribute(shared memory per block)");
+  return SharedTile<kSharedTokenGroups>::smem_bytes <= (size_t)optin;
+}
+
+void launch_matvec_shared(const void* kernel, const MatvecArgs& a, cudaStream_t stream) {
+  using Tile = SharedTile<kSharedTokenGroups>;
+  MatvecArgs args = a;
+  void* params[] = {&args};
+  launch_persistent(kernel, params, 32 * kSharedWarps, Tile::smem_bytes, a.rows, Tile::rows, stream,
+                    "matvec_canon_shared");
+}
+
 // ---- checked entries ----
 
 bool matvec_supports(uint32_t type) {
@@ -232,12 +250,18 @@ void matvec_canon(const MatvecArgs& a, cudaStream_t stream) {
   // (fewer tokens per tile when their x would not fit shared memory whole). Where
   // the wide kernel runs (Q4_K/Q5_K), tiles of 8: its 8 rows per warp serve each
   // x read with 8 FMAs, the larger tiles' 1 or 2 rows with 1 or 2 (matvec.cuh)
+  // Where the shared-decode kernel runs, tiles of 32 (each weight element decoded once
+  // per 32 tokens), and a last part of 16 or fewer as wide tiles.
+  const bool shared = a.t >= kSharedMinTokens && matvec_shared_fits(a);
   const int token_tile = a.t <= 8            ? kTokenTile
+                         : shared              ? SharedTile<kSharedTokenGroups>::tokens
                          : matvec_wide_fits(a) ? kWideTokens
                                                : std::min(kTokenTile, canon_token_tile(a.cols));
-  for (int k0 = 0; k0 < a.t; k0 += token_tile) {
+  for (int k0 = 0, n = 0; k0 < a.t; k0 += n) {
+    n = std::min(token_tile, a.t - k0);
+    if (shared && n < kSharedMinTokens) n = std::min(n, kWideTokens);
     MatvecArgs tile = a;
-    tile.t = std::min(token_tile, a.t - k0);
+    tile.t = n;
     tile.x = a.x + k0 * a.ldx;
     tile.y = a.y + k0 * a.ldy;
     switch (a.type) {

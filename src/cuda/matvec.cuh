@@ -76,6 +76,22 @@ __device__ __forceinline__ uint4 ld_weight_v4(const uint8_t* p) {
   return v;
 }
 
+// cp.async of 16 bytes, through L2 only.
+__device__ __forceinline__ void cp_async16(uint8_t* dst, const uint8_t* src) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+// 16 bytes of floats, zero-filled (nothing read) when !valid
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Byte c of q as an exact float: 0x4B0000qq is 2^23 + q (integer and float
 // pipes only; the int->float converter runs at a quarter of the FMA rate).
 // `exponent` is kExponentBits passed in as a kernel argument: a value the
@@ -723,11 +739,159 @@ __global__ void __launch_bounds__(32 * kWarps, 1) matvec_canon_wide_kernel(Matve
   }
 }
 
+// ---------------------------------------------------------------- the shared-decode kernel (K-quants, tiles of 16 or 32)
+//
+// The same sums once more, for token tiles larger than 8. The wide kernel decodes
+// every weight element once per 8 tokens, and that decode (the exact 2^23 + q - 2^23,
+// d1*q - m1 and the bit work) is ~0.6 issue slots per FMA. Here a CTA of 16 warps owns
+// RC rows and TC tokens (TG token groups of 8, RG = 16 / TG row groups of 8); per unit
+// (256 columns) each warp decodes RC / 16 of the rows into shared memory, the unit's x
+// of the TC tokens arrives by cp.async, and every warp runs its 8 rows x 8 tokens from
+// shared memory -- so each element is decoded once per TC tokens. Both are double-
+// buffered: one CTA barrier per unit, the next unit's bytes loaded during this one.
+// A lane's slice of a row (or of x) is stored [q][lane][2] (the floats of steps 2q,
+// 2q + 1 side by side), so one 8-byte read serves two steps and 16 lanes fill the 32
+// banks. The order of every fmaf is the canonical one: steps in increasing order,
+// units in increasing order, then canon_tree32.
+constexpr int kSharedWarps = 16;
+constexpr int kSharedTokenGroups = 4;  // 32 rows x 32 tokens a CTA (two groups, 64 x 16, need registers 16 warps lack)
+// A tile of fewer tokens computes 32 slots all the same (3,330 us on the seed head, H100), where
+// wide launches of 8 cost ~960 us each: up to 24 tokens three or fewer of those cost less.
+constexpr int kSharedMinTokens = 25;
+template <int TG>
+struct SharedTile {
+  static constexpr int rows = 8 * (kSharedWarps / TG), tokens = 8 * TG, decode_rows = rows / kSharedWarps;
+  static constexpr int factor_floats = 32 * ((decode_rows + 1) / 2);  // a warp's scratch for store_factors
+  static constexpr size_t smem_bytes =
+      sizeof(float) * ((size_t)2 * (rows + tokens) * kQK_K + (size_t)kSharedWarps * factor_floats);
+};
+
+template <bool kHigh, int TG>
+__global__ void __launch_bounds__(32 * kSharedWarps, 1) matvec_canon_shared_kernel(MatvecArgs a) {
+  using Dec = DecodeKQuant<kHigh>;
+  using Tile = SharedTile<TG>;
+  constexpr int RC = Tile::rows, TC = Tile::tokens, RD = Tile::decode_rows, B = Dec::kBlockBytes;
+  constexpr int kThreads = 32 * kSharedWarps;
+  static_assert(RD % 2 == 0 && kTileRows % RD == 0, "a warp decodes row pairs of one row tile");
+  extern __shared__ float4 smem_f4[];
+  float* const ws = reinterpret_cast<float*>(smem_f4);  // [2][RC][4][32][2]
+  float* const xs = ws + 2 * RC * kQK_K;                 // [2][TC][256], the columns in order
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* const scratch = xs + 2 * TC * kQK_K + warp * Tile::factor_floats;
+  const int rg = warp / TG, tg = warp % TG;
+  const KFactorLane fl(lane, a.exponent_bits);
+  const int units = (int)(a.cols / kQK_K);
+  const int64_t groups = (a.rows + RC - 1) / RC;
+  const int64_t last_decode_row = (a.rows - 1) / RD * RD;  // decoders past the end re-read the last rows
+  // this thread's x copies: 16 bytes (4 columns) of tokens k0, k0 + 8, ... (kThreads = 8 * 64)
+  constexpr int kChunks = kQK_K / 4;
+  static_assert(kThreads % kChunks == 0 && TC % (kThreads / kChunks) == 0, "whole tokens per pass");
+  const int c4 = 4 * (threadIdx.x % kChunks), k0 = threadIdx.x / kChunks;
+
+  pdl_launch_dependents();
+  pdl_wait();  // x is the previous node's output
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t row0 = g * RC;
+    const uint8_t* const base =
+        a.w + tiled_row_offset(min(row0 + warp * RD, last_decode_row), a.row_bytes, B);
+    const uint8_t* phdr = base + (lane >> 4) * B;
+    const uint8_t* pqs = base + Dec::kQsOffset + 4 * lane;
+    const uint8_t* pqh = base + kQ5KHighBitsOffset + lane;
+    typename Dec::template Raw<RD> raw;
+    auto load = [&]() {
+#pragma unroll
+      for (int p = 0; p < RD / 2; ++p) raw.hdr[p] = ld_weight_v4(phdr + 2 * p * B);
+#pragma unroll
+      for (int r = 0; r < RD; ++r) {
+        raw.qs[r] = ld_weight_u32(pqs + r * B);
+        if constexpr (kHigh) raw.qh[r] = ld_weight_u8(pqh + r * B);
+      }
+      phdr += Dec::kBlockStride, pqs += Dec::kBlockStride, pqh += Dec::kBlockStride;
+    };
+    auto stage_x = [&](int u, int buf) {
+      float* dst = xs + buf * TC * kQK_K + c4;
+      const float* src = a.x + (int64_t)u * kQK_K + c4;
+#pragma unroll 2
+      for (int k = k0; k < TC; k += kThreads / kChunks) {
+        const bool valid = k < a.t;
+        cp_async16(dst + k * kQK_K, valid ? src + (int64_t)k * a.ldx : a.x, valid);
+      }
+      cp_async_commit();
+    };
+    auto decode_unit = [&](int buf) {
+      float w[RD][8];
+      Dec::template decode<RD>(raw, fl, lane, scratch, w);
+      float* dst = ws + buf * RC * kQK_K + warp * RD * kQK_K + 2 * lane;
+#pragma unroll
+      for (int r = 0; r < RD; ++r)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          *reinterpret_cast<float2*>(dst + r * kQK_K + 64 * q) = make_float2(w[r][2 * q], w[r][2 * q + 1]);
+    };
+
+    float acc[8][8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[r][k] = 0.0f;
+    load();
+    stage_x(0, 0);
+    decode_unit(0);
+    if (units > 1) load();
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int u = 0; u < units; ++u) {
+      const int buf = u & 1;
+      if (u + 1 < units) stage_x(u + 1, buf ^ 1);
+      const float* wl = ws + buf * RC * kQK_K + rg * 8 * kQK_K + 2 * lane;
+      const float* xl = xs + buf * TC * kQK_K + tg * 8 * kQK_K + lane;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float2 xv[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) xv[k] = make_float2(xl[k * kQK_K + 64 * q], xl[k * kQK_K + 64 * q + 32]);
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          const float2 wv = *reinterpret_cast<const float2*>(wl + r * kQK_K + 64 * q);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) acc[r][k] = fmaf(wv.x, xv[k].x, acc[r][k]);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) acc[r][k] = fmaf(wv.y, xv[k].y, acc[r][k]);
+        }
+      }
+      if (u + 1 < units) {
+        decode_unit(buf ^ 1);
+        if (u + 2 < units) load();
+      }
+      cp_async_wait<0>();
+      __syncthreads();
+    }
+
+    // canon_tree32, as matvec_canon_kernel
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        float v = acc[r][k];
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1) v = v + __shfl_down_sync(0xffffffffu, v, off);
+        const int64_t row = row0 + rg * 8 + r;
+        const int token = tg * 8 + k;
+        if (lane == 0 && token < a.t && row < a.rows) a.y[token * a.ldy + row] = v;
+      }
+  }
+}
+
 // Whether the wide kernel runs a's weight: Q4_K or Q5_K, with x of 8 tokens
 // and the factor buffers in one CTA's shared memory (matvec.cu).
 bool matvec_wide_fits(const MatvecArgs& a);
 // Launches the wide kernel when matvec_wide_fits; false leaves the call to matvec_canon_kernel.
 bool launch_matvec_wide(const void* kernel, const MatvecArgs& a, int warps, cudaStream_t stream);
+// Whether the shared-decode kernel runs a's weight: Q4_K or Q5_K, x in 16-byte
+// aligned rows (its cp.async copies) and its tile's buffers in one CTA's shared memory.
+bool matvec_shared_fits(const MatvecArgs& a);
+// Launches kernel (matvec_canon_shared_kernel<., kSharedTokenGroups>) over a's rows.
+void launch_matvec_shared(const void* kernel, const MatvecArgs& a, cudaStream_t stream);
 
 // Launch plan for one token tile (host side, in matvec.cu).
 struct MatvecPlan {
@@ -762,6 +926,11 @@ void launch_matvec_tiles(const MatvecArgs& a, cudaStream_t stream) {
                          Cta::warps, stream);
   };
   if constexpr (Dec::kFactors) {
+    if (a.t >= kSharedMinTokens && a.t <= SharedTile<kSharedTokenGroups>::tokens && matvec_shared_fits(a)) {
+      launch_matvec_shared(reinterpret_cast<const void*>(&matvec_canon_shared_kernel<Dec::kHighBits, kSharedTokenGroups>),
+                           a, stream);
+      return;
+    }
     if (a.t >= kWideMinTokens && a.t <= kWideTokens &&
         launch_matvec_wide(reinterpret_cast<const void*>(&matvec_canon_wide_kernel<Dec::kHighBits, kWideWarps>), a,
                            kWideWarps, stream))

@@ -936,16 +936,6 @@ struct Q8StagedCta {
   static constexpr int threads = 32 * warps;
 };
 
-__device__ __forceinline__ void cp_async16(uint8_t* dst, const uint8_t* src) {
-  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // Units of its first row group each warp pulls into L2 before it waits for
 // the activations: the norm, gamma and quantizer kernels before it take
 // ~10 us, and the S - 1 units of the ring alone would leave DRAM idle for
