@@ -85,8 +85,7 @@ static void run_shared(const MatvecArgs& a) {
 // t tokens as matvec_canon runs them: launches of up to `tile`
 static void run_tiles(void (*run)(const MatvecArgs&), MatvecArgs a, int t, int tile = 8) {
   for (int k0 = 0; k0 < t; k0 += tile) {
-    MatvecArgs tile_args = a;
-    MatvecArgs& tile_a = tile_args;
+    MatvecArgs tile_a = a;
     tile_a.t = std::min(tile, t - k0);
     tile_a.x = a.x + k0 * a.ldx;
     tile_a.y = a.y + k0 * a.ldy;

@@ -251,7 +251,7 @@ void matvec_canon(const MatvecArgs& a, cudaStream_t stream) {
   // the wide kernel runs (Q4_K/Q5_K), tiles of 8: its 8 rows per warp serve each
   // x read with 8 FMAs, the larger tiles' 1 or 2 rows with 1 or 2 (matvec.cuh)
   // Where the shared-decode kernel runs, tiles of 32 (each weight element decoded once
-  // per 32 tokens), and a last part of 16 or fewer as wide tiles.
+  // per 32 tokens), and a last part of fewer than kSharedMinTokens as wide tiles.
   const bool shared = a.t >= kSharedMinTokens && matvec_shared_fits(a);
   const int token_tile = a.t <= 8            ? kTokenTile
                          : shared              ? SharedTile<kSharedTokenGroups>::tokens

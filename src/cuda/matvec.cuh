@@ -92,6 +92,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// canon_tree32 over a warp: lane l += lane l + off for off = 16 .. 1; lane 0 holds the sum.
+__device__ __forceinline__ float canon_tree32_warp(float v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v = v + __shfl_down_sync(0xffffffffu, v, off);
+  return v;
+}
+
 // Byte c of q as an exact float: 0x4B0000qq is 2^23 + q (integer and float
 // pipes only; the int->float converter runs at a quarter of the FMA rate).
 // `exponent` is kExponentBits passed in as a kernel argument: a value the
@@ -574,9 +581,7 @@ __global__ void __launch_bounds__(32 * MatvecCta<TT>::warps, MatvecCta<TT>::min_
 #pragma unroll
       for (int k = 0; k < TT; ++k) {
         if (TT == 1 || k < a.t) {
-          float v = acc[r][k];
-#pragma unroll
-          for (int off = 16; off >= 1; off >>= 1) v = v + __shfl_down_sync(0xffffffffu, v, off);
+          const float v = canon_tree32_warp(acc[r][k]);
           if (lane == 0 && row0 + r < a.rows) a.y[k * a.ldy + row0 + r] = v;
         }
       }
@@ -731,15 +736,13 @@ __global__ void __launch_bounds__(32 * kWarps, 1) matvec_canon_wide_kernel(Matve
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int k = 0; k < TT; ++k) {
-        float v = acc[r][k];
-#pragma unroll
-        for (int off = 16; off >= 1; off >>= 1) v = v + __shfl_down_sync(0xffffffffu, v, off);
+        const float v = canon_tree32_warp(acc[r][k]);
         if (lane == 0 && k < a.t && row0 + r < a.rows) a.y[k * a.ldy + row0 + r] = v;
       }
   }
 }
 
-// ---------------------------------------------------------------- the shared-decode kernel (K-quants, tiles of 16 or 32)
+// ---------------------------------------------------------------- the shared-decode kernel (K-quants, tiles of 25 .. 32)
 //
 // The same sums once more, for token tiles larger than 8. The wide kernel decodes
 // every weight element once per 8 tokens, and that decode (the exact 2^23 + q - 2^23,
@@ -872,9 +875,7 @@ __global__ void __launch_bounds__(32 * kSharedWarps, 1) matvec_canon_shared_kern
     for (int r = 0; r < 8; ++r)
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        float v = acc[r][k];
-#pragma unroll
-        for (int off = 16; off >= 1; off >>= 1) v = v + __shfl_down_sync(0xffffffffu, v, off);
+        const float v = canon_tree32_warp(acc[r][k]);
         const int64_t row = row0 + rg * 8 + r;
         const int token = tg * 8 + k;
         if (lane == 0 && token < a.t && row < a.rows) a.y[token * a.ldy + row] = v;
