@@ -1,13 +1,15 @@
-// The canonical f32 matvec at t = 8 (Q5_K, the seed head's shape): the
-// 4-rows-per-warp kernel (matvec_canon_kernel<DecodeQ5K, 8>, what t = 5..8 ran
-// before) against the 8-rows-per-warp wide kernel at 8 and 12 warps per CTA,
-// on one random weight in the device layout. Prints each kernel's time (median
+// The canonical f32 matvec (Q5_K, the seed head's shape): the 4-rows-per-warp
+// kernel (matvec_canon_kernel<DecodeQ5K, 8>, what t = 5..8 ran before) against
+// the wide (8 tokens), stream (16) and shared-decode (32) kernels, as launches of
+// their token tiles, on one random weight in the device layout. Prints each kernel's time (median
 // of CUDA events), its ratio to the FP32-FMA bound 2*V*H*t / 66.9 TFLOP/s, and
 // whether its logits equal the old kernel's bit for bit (t = 5..8, and t = 16,
 // 64, 256 as launches of 8 tokens, as matvec_canon tiles them).
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 --fmad=false -Isrc/cpp -Isrc/cuda \
-//       bench/experiments/cuda_canon_wide.cu -o /tmp/canon_wide && /tmp/canon_wide [rows cols reps soak_s]
+//       bench/experiments/cuda_canon_wide.cu -o /tmp/canon_wide && /tmp/canon_wide [rows cols reps soak_s [name t]]
+//   with -DWITH_ROUTE_PLAN and src/cuda/{matvec,pdl,matvec_q5_k,matvec_q4_k,matvec_q6_k,matvec_q8_0,matvec_float}.cu
+//   it also runs matvec_canon itself (the route's tile plan) against the 4-row kernel.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +17,10 @@
 #include <vector>
 
 #include "matvec.cuh"
+#ifdef WITH_ROUTE_PLAN
+#include "cuda_device.h"
+#include "kernels.h"
+#endif
 
 using namespace muser;
 using namespace muser::cuda;
@@ -82,6 +88,23 @@ static void run_shared(const MatvecArgs& a) {
               SharedTile<TG>::rows, a, 0, false);
 }
 
+static void run_stream(const MatvecArgs& a) {
+  launch_grid(&matvec_canon_stream_kernel<true>, 32 * kStreamWarps, stream_smem_bytes(),
+              (int64_t)kStreamWarps * kWideRows, a, 0, false);
+}
+
+#ifdef WITH_ROUTE_PLAN  // linked with matvec.cu, pdl.cu and the per-type files: the route's own tile plan
+namespace muser::cuda {
+[[noreturn]] void throw_cuda_error(cudaError_t e, const std::string& what) {  // cuda_device.cpp's, without the rest
+  std::fprintf(stderr, "%s: %s\n", what.c_str(), cudaGetErrorString(e));
+  std::exit(1);
+}
+DeviceMemory::DeviceMemory(size_t, int, const char*) { std::abort(); }  // upload_weight's, never called here
+DeviceMemory::~DeviceMemory() {}
+}  // namespace muser::cuda
+static void run_plan(const MatvecArgs& a) { matvec_canon(a, 0); }
+#endif
+
 // t tokens as matvec_canon runs them: launches of up to `tile`
 static void run_tiles(void (*run)(const MatvecArgs&), MatvecArgs a, int t, int tile = 8) {
   for (int k0 = 0; k0 < t; k0 += tile) {
@@ -121,18 +144,28 @@ int main(int argc, char** argv) {
   a.type = (uint32_t)GgmlType::Q5_K, a.w = dw, a.x = dx;
   const Launch launches[] = {{"old R=4 16 warps", run_old, 8},
                              {"wide R=8 12 warps", run_wide<12>, 8},
-                             {"shared 32 x 32", run_shared<4>, 32}};
+                             {"stream 16 tokens", run_stream, 16},
+                             {"shared 32 x 32", run_shared<4>, 32},
+#ifdef WITH_ROUTE_PLAN
+                             {"matvec_canon plan", run_plan, 1 << 20},
+#endif
+  };
   std::printf("Q5_K %lld x %lld, %d reps; FMA bound = 2*V*H*t / 66.9e12\n", (long long)rows, (long long)cols, reps);
   std::vector<float> got((size_t)tmax * rows), want((size_t)tmax * rows);
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  for (int t : {8, 16, 24, 32, 64, 256}) {
+  // optional: argv[5] keeps only the launches whose name holds it, at t = argv[6] (for a profiler)
+  const char* only = argc > 5 ? argv[5] : nullptr;
+  std::vector<int> ts = {8, 12, 16, 17, 24, 32, 41, 64, 256};
+  if (argc > 6) ts = {std::atoi(argv[6])};
+  for (int t : ts) {
     a.y = dy_old;
     run_tiles(run_old, a, t);
     CK(cudaMemcpy(want.data(), dy_old, (size_t)t * rows * 4, cudaMemcpyDeviceToHost));
     const double bound = 2.0 * rows * cols * t / 66.9e12;
     for (const Launch& L : launches) {
+      if (only && !std::strstr(L.name, only)) continue;
       CK(cudaMemset(dy_new, 0xff, (size_t)t * rows * 4));
       a.y = dy_new;
       run_tiles(L.run, a, t, L.tile);

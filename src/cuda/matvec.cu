@@ -178,13 +178,17 @@ void launch_matvec_kernel(const void* kernel, const MatvecArgs& a, const MatvecP
                     "matvec_canon");
 }
 
-bool matvec_wide_fits(const MatvecArgs& a) {
-  if (a.type != (uint32_t)GgmlType::Q5_K && a.type != (uint32_t)GgmlType::Q4_K) return false;
+size_t smem_optin_bytes() {
   int dev = 0, optin = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
         "cudaDeviceGetAttribute(shared memory per block)");
-  return wide_smem_floats(a.cols, kWideWarps) * sizeof(float) <= (size_t)optin;
+  return (size_t)optin;
+}
+
+bool matvec_wide_fits(const MatvecArgs& a) {
+  if (a.type != (uint32_t)GgmlType::Q5_K && a.type != (uint32_t)GgmlType::Q4_K) return false;
+  return wide_smem_floats(a.cols, kWideWarps) * sizeof(float) <= smem_optin_bytes();
 }
 
 bool launch_matvec_wide(const void* kernel, const MatvecArgs& a, int warps, cudaStream_t stream) {
@@ -196,14 +200,15 @@ bool launch_matvec_wide(const void* kernel, const MatvecArgs& a, int warps, cuda
   return true;
 }
 
+// Q4_K or Q5_K with x in 16-byte aligned rows: what the kernels that copy x by
+// 16-byte cp.async (shared-decode, stream) need besides their shared memory
+static bool k_quant_with_aligned_x(const MatvecArgs& a) {
+  return (a.type == (uint32_t)GgmlType::Q5_K || a.type == (uint32_t)GgmlType::Q4_K) &&
+         reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.ldx % 4 == 0;
+}
+
 bool matvec_shared_fits(const MatvecArgs& a) {
-  if (a.type != (uint32_t)GgmlType::Q5_K && a.type != (uint32_t)GgmlType::Q4_K) return false;
-  if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || a.ldx % 4 != 0) return false;
-  int dev = 0, optin = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-        "cudaDeviceGetAttribute(shared memory per block)");
-  return SharedTile<kSharedTokenGroups>::smem_bytes <= (size_t)optin;
+  return k_quant_with_aligned_x(a) && SharedTile<kSharedTokenGroups>::smem_bytes <= smem_optin_bytes();
 }
 
 void launch_matvec_shared(const void* kernel, const MatvecArgs& a, cudaStream_t stream) {
@@ -212,6 +217,15 @@ void launch_matvec_shared(const void* kernel, const MatvecArgs& a, cudaStream_t 
   void* params[] = {&args};
   launch_persistent(kernel, params, 32 * kSharedWarps, Tile::smem_bytes, a.rows, Tile::rows, stream,
                     "matvec_canon_shared");
+}
+
+bool matvec_stream_fits(const MatvecArgs& a) { return k_quant_with_aligned_x(a); }  // 40 KB: fits every GPU
+
+void launch_matvec_stream(const void* kernel, const MatvecArgs& a, cudaStream_t stream) {
+  MatvecArgs args = a;
+  void* params[] = {&args};
+  launch_persistent(kernel, params, 32 * kStreamWarps, stream_smem_bytes(), a.rows, (int64_t)kStreamWarps * kWideRows,
+                    stream, "matvec_canon_stream");
 }
 
 // ---- checked entries ----
@@ -249,17 +263,20 @@ void matvec_canon(const MatvecArgs& a, cudaStream_t stream) {
   // token tiles of up to 64: t <= 64 reads the weight once, larger t once per tile
   // (fewer tokens per tile when their x would not fit shared memory whole). Where
   // the wide kernel runs (Q4_K/Q5_K), tiles of 8: its 8 rows per warp serve each
-  // x read with 8 FMAs, the larger tiles' 1 or 2 rows with 1 or 2 (matvec.cuh)
+  // x read with 8 FMAs, the larger tiles' 1 or 2 rows with 1 or 2 (matvec.cuh).
   // Where the shared-decode kernel runs, tiles of 32 (each weight element decoded once
-  // per 32 tokens), and a last part of fewer than kSharedMinTokens as wide tiles.
+  // per 32 tokens); a part of fewer than kSharedMinTokens goes as stream tiles of 16
+  // (decoded once per 16) and a last part of 8 or fewer as a wide tile.
   const bool shared = a.t >= kSharedMinTokens && matvec_shared_fits(a);
+  const bool streamed = a.t > kWideTokens && matvec_stream_fits(a);
   const int token_tile = a.t <= 8            ? kTokenTile
                          : shared              ? SharedTile<kSharedTokenGroups>::tokens
+                         : streamed            ? kStreamTokens
                          : matvec_wide_fits(a) ? kWideTokens
                                                : std::min(kTokenTile, canon_token_tile(a.cols));
   for (int k0 = 0, n = 0; k0 < a.t; k0 += n) {
     n = std::min(token_tile, a.t - k0);
-    if (shared && n < kSharedMinTokens) n = std::min(n, kWideTokens);
+    if (shared && n < kSharedMinTokens) n = std::min(n, n > kWideTokens ? kStreamTokens : kWideTokens);
     MatvecArgs tile = a;
     tile.t = n;
     tile.x = a.x + k0 * a.ldx;

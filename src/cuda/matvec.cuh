@@ -615,20 +615,111 @@ __host__ __device__ constexpr size_t wide_smem_floats(int64_t cols, int warps) {
   return (size_t)kWideTokens * 32 * wide_lane_stride(cols) + (size_t)warps * 2 * kWideRows * 16;
 }
 
+// A warp's 8 rows (one row tile's half or whole) of the wide and stream kernels:
+// their pointers, one unit's raw bytes in flight, and the unit's decode and FMAs
+// over TT token slots. Words are shared by shuffles, so a unit in flight is 11
+// registers (Q4_K) or 13 (Q5_K).
+template <bool kHigh>
+struct WideRows {
+  using Dec = DecodeKQuant<kHigh>;
+  static constexpr int R = kWideRows, B = Dec::kBlockBytes, kStride = Dec::kBlockStride;
+  struct Raw {
+    uint32_t hdr;    // the 8 rows' 16-byte headers, one word per lane
+    uint32_t qh[2];  // the 8 rows' 32-byte qh', one word per lane and half
+    uint32_t qs[R];
+  };
+  const uint8_t *phdr, *pqs, *pqh;
+  float* factors;  // the warp's two buffers of R x 16 factors, pair-major
+  KFactorLane fl;
+  int lane, fslot;  // fslot: where this lane's factor of row 2p + lane/16 goes in a buffer
+  uint32_t qh_sel;  // __byte_perm: byte lane%4, zeros above
+
+  __device__ WideRows(const uint8_t* base, float* factors_, int lane_, uint32_t exponent_bits)
+      : phdr(base + (lane_ >> 2) * B + 4 * (lane_ & 3)),  // word lane%4 of row lane/4's header
+        pqs(base + Dec::kQsOffset + 4 * lane_),
+        pqh(base + (lane_ >> 3) * B + kQ5KHighBitsOffset + 4 * (lane_ & 7)),  // rows lane/8 and 4 + lane/8
+        factors(factors_), fl(lane_, exponent_bits), lane(lane_) {
+    const int fv = lane & 15, fj = fv & 7;
+    fslot = (lane >> 4) * 16 + 4 * (fj >> 1) + (fv >= 8 ? 2 : 0) + (fj & 1);
+    qh_sel = 0x4440u | (uint32_t)(lane & 3);
+  }
+  __device__ __forceinline__ void load(Raw& raw, int ahead) const {
+    raw.hdr = ld_weight_u32(phdr + ahead * kStride);
+#pragma unroll
+    for (int r = 0; r < R; ++r) raw.qs[r] = ld_weight_u32(pqs + r * B + ahead * kStride);
+    if constexpr (kHigh)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) raw.qh[h] = ld_weight_u32(pqh + 4 * h * B + ahead * kStride);
+  }
+  __device__ __forceinline__ void advance_two() { phdr += 2 * kStride, pqs += 2 * kStride, pqh += 2 * kStride; }
+
+  // Unit u's FMAs: xpair(k, c) is token k's x of this lane's steps 2c and 2c + 1
+  // (columns 64c + lane and 64c + 32 + lane of the unit).
+  template <int TT, class XPair>
+  __device__ __forceinline__ void fmas(const Raw& raw, int u, XPair xpair, float (&acc)[R][TT]) const {
+    float* buf = factors + (u & 1) * R * 16;
+#pragma unroll
+    for (int p = 0; p < R / 2; ++p) {  // this lane's factor of row 2p + lane/16: words 0, 1 or 2 (a min), 3
+      const int src = 4 * (2 * p + (lane >> 4));
+      const uint32_t d = __shfl_sync(0xffffffffu, raw.hdr, src);
+      const uint32_t sc = __shfl_sync(0xffffffffu, raw.hdr, src + (fl.is_min ? 2 : 1));
+      const uint32_t hi = __shfl_sync(0xffffffffu, raw.hdr, src + 3);
+      buf[32 * p + fslot] = fl.factor(make_uint4(d, sc, sc, hi));
+    }
+    __syncwarp();
+    uint32_t qe[R], qo[R];  // as DecodeKQuant::decode
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kHigh) {
+        // this lane's qh' byte of row r: byte lane%4 of word (r%4)*8 + lane/4 of half r/4
+        const uint32_t word = __shfl_sync(0xffffffffu, raw.qh[r / 4], (r % 4) * 8 + (lane >> 2));
+        const uint32_t qs = raw.qs[r], qh = __byte_perm(word, 0u, qh_sel);
+        qe[r] = (qs & 0x0f0f0f0fu) | (((qh & 0xfu) * 0x02040810u) & 0x10101010u);
+        qo[r] = ((qs >> 4) & 0x0f0f0f0fu) | (((qh >> 4) * 0x02040810u) & 0x10101010u);
+      } else {
+        qe[r] = raw.qs[r] & 0x0f0f0f0fu, qo[r] = (raw.qs[r] >> 4) & 0x0f0f0f0fu;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {  // steps 2c (sub-block 2c, byte c of qe) and 2c + 1 (byte c of qo)
+      float2 xv[TT];
+#pragma unroll
+      for (int k = 0; k < TT; ++k) xv[k] = xpair(k, c);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float4 f = reinterpret_cast<const float4*>(buf + 16 * r)[c];
+        const float w0 = fmaf(f.x, byte_as_float(qe[r], c, fl.exponent), -f.z);
+        const float w1 = fmaf(f.y, byte_as_float(qo[r], c, fl.exponent), -f.w);
+#pragma unroll
+        for (int k = 0; k < TT; ++k) acc[r][k] = fmaf(w0, xv[k].x, acc[r][k]);
+#pragma unroll
+        for (int k = 0; k < TT; ++k) acc[r][k] = fmaf(w1, xv[k].y, acc[r][k]);
+      }
+    }
+  }
+};
+
+// canon_tree32 of a warp's R x TT sums, as matvec_canon_kernel; slots k >= t are not stored
+template <int R, int TT>
+__device__ __forceinline__ void store_wide_sums(const MatvecArgs& a, int64_t row0, int lane, float (&acc)[R][TT]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int k = 0; k < TT; ++k) {
+      const float v = canon_tree32_warp(acc[r][k]);
+      if (lane == 0 && k < a.t && row0 + r < a.rows) a.y[k * a.ldy + row0 + r] = v;
+    }
+}
+
 template <bool kHigh, int kWarps>
 __global__ void __launch_bounds__(32 * kWarps, 1) matvec_canon_wide_kernel(MatvecArgs a) {
-  using Dec = DecodeKQuant<kHigh>;
-  constexpr int R = kWideRows, TT = kWideTokens, B = Dec::kBlockBytes, kStride = Dec::kBlockStride;
+  using Rows = WideRows<kHigh>;
+  constexpr int R = kWideRows, TT = kWideTokens, B = Rows::B;
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);  // [TT][32][lane_stride]
   const int lane_stride = wide_lane_stride(a.cols);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* factors = xs + TT * 32 * lane_stride + warp * 2 * R * 16;
-  const KFactorLane fl(lane, a.exponent_bits);
-  // where this lane's factor of row 2p + lane/16 goes in a buffer (pair-major, above)
-  const int fv = lane & 15, fj = fv & 7;
-  const int fslot = (lane >> 4) * 16 + 4 * (fj >> 1) + (fv >= 8 ? 2 : 0) + (fj & 1);
-  const uint32_t qh_sel = 0x4440u | (uint32_t)(lane & 3);  // __byte_perm: byte lane%4, zeros above
 
   const int units = (int)(a.cols / kQK_K);
   const int64_t groups = (a.rows + kWarps * R - 1) / (kWarps * R);
@@ -650,95 +741,116 @@ __global__ void __launch_bounds__(32 * kWarps, 1) matvec_canon_wide_kernel(Matve
 
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
     const int64_t row0 = (g * kWarps + warp) * R;
-    const uint8_t* base = a.w + tiled_row_offset(min(row0, last_group_row), a.row_bytes, B);
-    const uint8_t* phdr = base + (lane >> 2) * B + 4 * (lane & 3);  // word lane%4 of row lane/4's header
-    const uint8_t* pqs = base + Dec::kQsOffset + 4 * lane;
-    const uint8_t* pqh = base + (lane >> 3) * B + kQ5KHighBitsOffset + 4 * (lane & 7);  // rows lane/8 and 4 + lane/8
+    Rows rows(a.w + tiled_row_offset(min(row0, last_group_row), a.row_bytes, B), factors, lane, a.exponent_bits);
     float acc[R][TT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int k = 0; k < TT; ++k) acc[r][k] = 0.0f;
-
-    struct Raw {  // words shared by shuffles keep the unit in flight at 17 registers
-      uint32_t hdr;    // the 8 rows' 16-byte headers, one word per lane
-      uint32_t qh[2];  // the 8 rows' 32-byte qh', one word per lane and half
-      uint32_t qs[R];
-    };
-    auto load = [&](Raw& raw, int ahead) {
-      raw.hdr = ld_weight_u32(phdr + ahead * kStride);
-#pragma unroll
-      for (int r = 0; r < R; ++r) raw.qs[r] = ld_weight_u32(pqs + r * B + ahead * kStride);
-      if constexpr (kHigh)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) raw.qh[h] = ld_weight_u32(pqh + 4 * h * B + ahead * kStride);
-    };
-    auto compute = [&](const Raw& raw, int u) {
-      float* buf = factors + (u & 1) * R * 16;
-#pragma unroll
-      for (int p = 0; p < R / 2; ++p) {  // this lane's factor of row 2p + lane/16: words 0, 1 or 2 (a min), 3
-        const int src = 4 * (2 * p + (lane >> 4));
-        const uint32_t d = __shfl_sync(0xffffffffu, raw.hdr, src);
-        const uint32_t sc = __shfl_sync(0xffffffffu, raw.hdr, src + (fl.is_min ? 2 : 1));
-        const uint32_t hi = __shfl_sync(0xffffffffu, raw.hdr, src + 3);
-        buf[32 * p + fslot] = fl.factor(make_uint4(d, sc, sc, hi));
-      }
-      __syncwarp();
-      uint32_t qe[R], qo[R];  // as DecodeKQuant::decode
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if constexpr (kHigh) {
-          // this lane's qh' byte of row r: byte lane%4 of word (r%4)*8 + lane/4 of half r/4
-          const uint32_t word = __shfl_sync(0xffffffffu, raw.qh[r / 4], (r % 4) * 8 + (lane >> 2));
-          const uint32_t qs = raw.qs[r], qh = __byte_perm(word, 0u, qh_sel);
-          qe[r] = (qs & 0x0f0f0f0fu) | (((qh & 0xfu) * 0x02040810u) & 0x10101010u);
-          qo[r] = ((qs >> 4) & 0x0f0f0f0fu) | (((qh >> 4) * 0x02040810u) & 0x10101010u);
-        } else {
-          qe[r] = raw.qs[r] & 0x0f0f0f0fu, qo[r] = (raw.qs[r] >> 4) & 0x0f0f0f0fu;
-        }
-      }
-      const float* xl = xs + lane * lane_stride + u * 8;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {  // steps 2c (sub-block 2c, byte c of qe) and 2c + 1 (byte c of qo)
-        float2 xv[TT];
-#pragma unroll
-        for (int k = 0; k < TT; ++k) xv[k] = *reinterpret_cast<const float2*>(xl + k * 32 * lane_stride + 2 * c);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float4 f = reinterpret_cast<const float4*>(buf + 16 * r)[c];
-          const float w0 = fmaf(f.x, byte_as_float(qe[r], c, fl.exponent), -f.z);
-          const float w1 = fmaf(f.y, byte_as_float(qo[r], c, fl.exponent), -f.w);
-#pragma unroll
-          for (int k = 0; k < TT; ++k) acc[r][k] = fmaf(w0, xv[k].x, acc[r][k]);
-#pragma unroll
-          for (int k = 0; k < TT; ++k) acc[r][k] = fmaf(w1, xv[k].y, acc[r][k]);
-        }
-      }
+    const float* xl = xs + lane * lane_stride;
+    auto fmas = [&](const typename Rows::Raw& raw, int u) {
+      const float* xu = xl + u * 8;
+      rows.template fmas<TT>(
+          raw, u, [&](int k, int c) { return *reinterpret_cast<const float2*>(xu + k * 32 * lane_stride + 2 * c); }, acc);
     };
     // two register buffers, alternating: the next unit's bytes are in flight
     // while the current one is computed; two units per iteration, so only one
     // buffer is live across the back edge. The last unit prefetches one unit
     // past the row: the next tile or the weight's padding (kWeightPadBytes).
-    Raw even, odd;
-    load(even, 0);
+    typename Rows::Raw even, odd;
+    rows.load(even, 0);
     for (int u = 0;; u += 2) {
-      load(odd, 1);
-      compute(even, u);
+      rows.load(odd, 1);
+      fmas(even, u);
       if (u + 1 >= units) break;
-      phdr += 2 * kStride, pqs += 2 * kStride, pqh += 2 * kStride;
-      load(even, 0);
-      compute(odd, u + 1);
+      rows.advance_two();
+      rows.load(even, 0);
+      fmas(odd, u + 1);
       if (u + 2 >= units) break;
     }
+    store_wide_sums(a, row0, lane, acc);
+  }
+}
 
-    // canon_tree32, as matvec_canon_kernel
+// ---------------------------------------------------------------- the stream kernel (K-quants, tiles of 9 .. 16)
+//
+// The wide kernel's rows and sums over 16 token slots, so each weight element is
+// decoded once per 16 tokens instead of 8. x of 16 tokens does not fit shared memory
+// whole (6,656 columns: 426 KB), so it streams unit by unit through two buffers
+// (16-byte cp.async, the columns in order), one CTA barrier a unit; 128 accumulators
+// leave 8 warps a CTA. On the seed head (H100) a launch of 16 took 1,732 us where two
+// wide launches of 8 take 1,905; at 8 slots (12 warps) it lost to the wide kernel
+// (1,069 against 951), hence 9 .. 16 only. The order of every fmaf is the canonical one.
+constexpr int kStreamTokens = 16;
+constexpr int kStreamWarps = 8;
+__host__ __device__ constexpr size_t stream_smem_bytes() {
+  return sizeof(float) * ((size_t)2 * kStreamTokens * kQK_K + (size_t)kStreamWarps * 2 * kWideRows * 16);
+}
+
+template <bool kHigh>
+__global__ void __launch_bounds__(32 * kStreamWarps, 1) matvec_canon_stream_kernel(MatvecArgs a) {
+  using Rows = WideRows<kHigh>;
+  constexpr int R = kWideRows, TT = kStreamTokens, B = Rows::B;
+  constexpr int kThreads = 32 * kStreamWarps, kChunks = kQK_K / 4;  // 16-byte copies: 64 a token's unit
+  static_assert(kThreads % kChunks == 0 && TT % (kThreads / kChunks) == 0, "whole tokens per pass");
+  extern __shared__ float4 smem_f4[];
+  float* const xs = reinterpret_cast<float*>(smem_f4);  // [2][TT][256]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* const factors = xs + 2 * TT * kQK_K + warp * 2 * R * 16;
+  const int units = (int)(a.cols / kQK_K);
+  const int64_t groups = (a.rows + kStreamWarps * R - 1) / (kStreamWarps * R);
+  const int64_t last_group_row = (a.rows - 1) / R * R;  // warps past the end re-read the last rows
+  const int c4 = 4 * (threadIdx.x % kChunks), k0 = threadIdx.x / kChunks;  // this thread's copies
+
+  pdl_launch_dependents();
+  pdl_wait();  // x is the previous node's output
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t row0 = (g * kStreamWarps + warp) * R;
+    Rows rows(a.w + tiled_row_offset(min(row0, last_group_row), a.row_bytes, B), factors, lane, a.exponent_bits);
+    auto stage_x = [&](int u, int buf) {  // slots k >= t read as zeros
+      float* dst = xs + buf * TT * kQK_K + c4;
+      const float* src = a.x + (int64_t)u * kQK_K + c4;
+#pragma unroll
+      for (int k = k0; k < TT; k += kThreads / kChunks) {
+        const bool valid = k < a.t;
+        cp_async16(dst + k * kQK_K, valid ? src + (int64_t)k * a.ldx : a.x, valid);
+      }
+      cp_async_commit();
+    };
+    float acc[R][TT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int k = 0; k < TT; ++k) {
-        const float v = canon_tree32_warp(acc[r][k]);
-        if (lane == 0 && k < a.t && row0 + r < a.rows) a.y[k * a.ldy + row0 + r] = v;
-      }
+      for (int k = 0; k < TT; ++k) acc[r][k] = 0.0f;
+    auto fmas = [&](const typename Rows::Raw& raw, int u) {
+      const float* xl = xs + (u & 1) * TT * kQK_K + lane;
+      rows.template fmas<TT>(
+          raw, u, [&](int k, int c) { return make_float2(xl[k * kQK_K + 64 * c], xl[k * kQK_K + 64 * c + 32]); },
+          acc);
+    };
+    // the weight as in the wide kernel (a unit ahead in registers); x a unit ahead
+    // in the other buffer, which the barrier after each unit frees
+    typename Rows::Raw even, odd;
+    rows.load(even, 0);
+    stage_x(0, 0);
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int u = 0;; u += 2) {
+      rows.load(odd, 1);
+      if (u + 1 < units) stage_x(u + 1, 1);
+      fmas(even, u);
+      cp_async_wait<0>();
+      __syncthreads();
+      if (u + 1 >= units) break;
+      rows.advance_two();
+      rows.load(even, 0);
+      if (u + 2 < units) stage_x(u + 2, 0);
+      fmas(odd, u + 1);
+      cp_async_wait<0>();
+      __syncthreads();
+      if (u + 2 >= units) break;
+    }
+    store_wide_sums(a, row0, lane, acc);
   }
 }
 
@@ -883,6 +995,8 @@ __global__ void __launch_bounds__(32 * kSharedWarps, 1) matvec_canon_shared_kern
   }
 }
 
+// The shared memory one CTA may opt in to on the current device (matvec.cu).
+size_t smem_optin_bytes();
 // Whether the wide kernel runs a's weight: Q4_K or Q5_K, with x of 8 tokens
 // and the factor buffers in one CTA's shared memory (matvec.cu).
 bool matvec_wide_fits(const MatvecArgs& a);
@@ -893,6 +1007,10 @@ bool launch_matvec_wide(const void* kernel, const MatvecArgs& a, int warps, cuda
 bool matvec_shared_fits(const MatvecArgs& a);
 // Launches kernel (matvec_canon_shared_kernel<., kSharedTokenGroups>) over a's rows.
 void launch_matvec_shared(const void* kernel, const MatvecArgs& a, cudaStream_t stream);
+// Whether the stream kernel runs a's weight: Q4_K or Q5_K, x in 16-byte aligned rows.
+bool matvec_stream_fits(const MatvecArgs& a);
+// Launches kernel (matvec_canon_stream_kernel<.>) over a's rows.
+void launch_matvec_stream(const void* kernel, const MatvecArgs& a, cudaStream_t stream);
 
 // Launch plan for one token tile (host side, in matvec.cu).
 struct MatvecPlan {
@@ -930,6 +1048,10 @@ void launch_matvec_tiles(const MatvecArgs& a, cudaStream_t stream) {
     if (a.t >= kSharedMinTokens && a.t <= SharedTile<kSharedTokenGroups>::tokens && matvec_shared_fits(a)) {
       launch_matvec_shared(reinterpret_cast<const void*>(&matvec_canon_shared_kernel<Dec::kHighBits, kSharedTokenGroups>),
                            a, stream);
+      return;
+    }
+    if (a.t > kWideTokens && a.t <= kStreamTokens && matvec_stream_fits(a)) {
+      launch_matvec_stream(reinterpret_cast<const void*>(&matvec_canon_stream_kernel<Dec::kHighBits>), a, stream);
       return;
     }
     if (a.t >= kWideMinTokens && a.t <= kWideTokens &&

@@ -109,16 +109,8 @@ Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_b
   return p;
 }
 
-size_t q8_smem_optin() {
-  int dev = 0, optin = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-        "cudaDeviceGetAttribute(shared memory per block)");
-  return (size_t)optin;
-}
-
 int q8_staged_stages(const Q8Args&, const Q8Plan& p, int stage_bytes) {
-  const size_t optin = q8_smem_optin();
+  const size_t optin = smem_optin_bytes();
   // two stages (one unit ahead per warp, 6 MB in flight over the H200) measured
   // faster than three or four once the weight is tiled: 220.8 against 224.1
   // and 225.9 us at t = 1, 227 against 228 us at t = 8 (docs/performance.md).

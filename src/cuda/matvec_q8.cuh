@@ -1242,8 +1242,6 @@ struct Q8Plan {
 // kernel); budget: bytes of quants and records before columns are chunked (0: the default, 100 KB)
 Q8Plan plan_matvec_q8(const Q8Args& a, int tile_tokens, int meta_cols, int rec_bytes, int x_tokens,
                       size_t budget = 0);
-// The shared memory one CTA may opt in to on the current device.
-size_t q8_smem_optin();
 void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& p, cudaStream_t stream,
                              int threads = kMatvecThreads, int rows_per_cta = kMatvecWarps * kQ8RowsPerWarp);
 // stages of the staged kernel for a (0: use the register kernel); MUSER_Q8_STAGES overrides
@@ -1256,7 +1254,7 @@ template <class Dec, int NT>
 bool launch_matvec_q8_stream(const Q8Args& a, cudaStream_t stream) {
   using L = Q8StreamLayout<Dec>;
   const size_t smem = kQ8StreamStages * L::stage_bytes(8 * NT);
-  if (smem > q8_smem_optin()) return false;
+  if (smem > smem_optin_bytes()) return false;
   Q8Args args = a;
   void* params[] = {&args};
   launch_persistent(reinterpret_cast<const void*>(&matvec_q8_stream_kernel<Dec, kQ8StreamStages, NT>), params,
@@ -1343,7 +1341,7 @@ void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
         constexpr int NT = decltype(tiles)::value;
         using Cta = Q8StagedCta<NT>;
         constexpr int kStage = Cta::warps * kQ8RowsPerWarp * Dec::kUnitBytes;
-        const size_t optin = q8_smem_optin();
+        const size_t optin = smem_optin_bytes();
         if (optin <= 2 * (size_t)kStage + 16 * 1024) return false;
         Q8Plan p = plan_matvec_q8(a, 8 * NT, Dec::kMetaCols, Q8Staging<Dec, 2>::kRecBytes, q8_staged_tokens(a.t, 8 * NT),
                                   optin - 2 * (size_t)kStage);

@@ -777,7 +777,7 @@ bool q8_wgmma_ready(uint32_t type, int t) {
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute(major)");
   check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute(minor)");
   // sm_90a code runs on 9.0 alone; every such part opts in to the 227 KB the stages take
-  return major == 9 && minor == 0 && q8_smem_optin() >= kWgSmemBudget;
+  return major == 9 && minor == 0 && smem_optin_bytes() >= kWgSmemBudget;
 }
 
 // t in 8-token groups, and one launch's worth of zeros after them: a launch of
