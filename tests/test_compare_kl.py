@@ -165,6 +165,10 @@ def test_bad_targets(logits_pair, tmp_path):
     bad[17] = 300
     with pytest.raises(ValueError, match=r"\[0, 300\).*300 at row 17"):
         compare(a, b, targets=bad)
+    wrapping = t.astype(np.uint64)  # 2^64 - 1 cast to int64 is -1: a valid index of the last token
+    wrapping[17] = 2**64 - 1
+    with pytest.raises(ValueError, match=r"18446744073709551615 at index \(17,\)"):
+        compare(a, b, targets=wrapping)
     with pytest.raises(muser.Error, match="a gives"):
         compare(a, np.ascontiguousarray(np.concatenate([b, b[:, :1]], axis=1)), targets=t)  # vocab 300 vs 301
     np.save(tmp_path / "t.npy", t)

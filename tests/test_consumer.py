@@ -98,10 +98,16 @@ def test_score_shapes(head_file, rng):
     assert head.score(x, np.zeros((3, 4), np.int64)).logits.shape == (3, 4)
 
 
-@pytest.mark.parametrize("ids,err", [(-1, ValueError), (3001, ValueError), (1.5, TypeError), ([[1, 2]], ValueError)])
-def test_score_refuses_bad_ids(head_file, rng, ids, err):
+@pytest.mark.parametrize("ids,err,says", [
+    (-1, ValueError, "-1 is outside"), (3001, ValueError, "3001 is outside"), (1.5, TypeError, "float64"),
+    ([[1, 2]], ValueError, "shape"), (True, TypeError, "bool"),
+    # unsigned ids of 2^63 and more would wrap to negative int64 ids (a valid numpy index)
+    (2**63, ValueError, "got 9223372036854775808"),
+    (np.array([3, 2**64 - 1], np.uint64), ValueError, r"got 18446744073709551615 at index \(1,\)"),
+])
+def test_score_refuses_bad_ids(head_file, rng, ids, err, says):
     head = muser.Head.load(head_file(weight_type="Q8_0", hidden=256, vocab=3001))
-    with pytest.raises(err):
+    with pytest.raises(err, match=says):
         head.score(hidden_states(rng, 1, 256)[0], ids)
 
 

@@ -123,6 +123,8 @@ def test_bad_arguments(path, layers):
         muser.lens(head, layers, targets=np.full(9, V))
     with pytest.raises(TypeError, match="integer"):
         muser.lens(head, layers, targets=np.zeros(9, np.float32))
+    with pytest.raises(ValueError, match=r"18446744073709551615 at index \(4,\)"):  # would wrap to -1
+        muser.lens(head, layers, targets=np.where(np.arange(9) == 4, np.uint64(2**64 - 1), np.uint64(1)))
     with pytest.raises(ValueError, match="chunk must be a positive int"):
         muser.lens(head, layers, chunk=0)
     bad = layers.copy()

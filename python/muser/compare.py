@@ -29,6 +29,7 @@ from typing import Any, Callable, Union
 import numpy as np
 
 from ._core import Error
+from ._ids import int64_ids
 
 __all__ = ["compare", "CompareResult", "BoundedLogitPolicy", "PolicyVerdict", "load_source", "Source"]
 
@@ -519,14 +520,12 @@ def load_targets(targets: np.ndarray | str | os.PathLike, rows: int) -> np.ndarr
             targets = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise Error(f"{path}: cannot read targets as .npy: {e}") from e
-    t = np.asarray(targets)
-    if t.dtype.kind not in "iu" or t.dtype == np.bool_:
-        raise TypeError(f"targets must be integer token ids, got dtype {t.dtype}")
+    t = int64_ids(targets, "targets")
     if t.shape != (rows,):
         raise ValueError(f"targets must have shape ({rows},) (one token per row), got {t.shape}")
     if t.size and t.min() < 0:
         raise ValueError(f"targets must be token ids >= 0, got {int(t.min())} at row {int(np.argmin(t))}")
-    return t.astype(np.int64)
+    return t
 
 
 def check_target_range(targets: np.ndarray, vocab: int) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _core, _device, _sampling
 from . import shard as _shard
+from ._ids import int64_ids
 from ._sampling import Sample
 from .errors import DeviceError
 
@@ -633,9 +634,7 @@ class Head:
         ``on_device=True`` (CUDA) leaves the four fields in device memory, each a
         :class:`muser.DeviceArray` of the shape it would have on the host (``()`` for a scalar).
         """
-        ids = np.asarray(token_ids)
-        if ids.dtype.kind not in "iu" or ids.dtype == np.bool_:
-            raise TypeError(f"token_ids must be integers, got {ids.dtype}")
+        ids = int64_ids(token_ids, "token_ids")
         inputs = self._device_inputs(hidden) if on_device else self._inputs(hidden)
         t, single = inputs[2], inputs[3]
         shape = ids.shape
