@@ -32,6 +32,29 @@ def test_head_load_refuses_threads_outside_the_range(head_file, threads):
         muser.Head.load(path, threads=threads)
 
 
+@pytest.mark.parametrize("arg,value,says", [
+    ("threads", True, "threads must be an int or None, got bool"),   # would run on 1 thread
+    ("threads", 2.0, "threads must be an int or None, got float"),   # would be truncated
+    ("threads", "4", "threads must be an int or None, got str"),
+    ("device", None, "device must be a str, got NoneType"),
+    ("acts", None, "acts must be a str, got NoneType"),
+])
+def test_head_load_refuses_arguments_of_the_wrong_type(head_file, arg, value, says):
+    path = head_file(weight_type="Q8_0", hidden=256, vocab=300)
+    with pytest.raises(TypeError, match=says):
+        muser.Head.load(path, **{arg: value})
+    assert muser.Head.load(path, threads=np.int64(2)).spec.vocab_size == 300  # numpy ints are ints
+
+
+def test_ops_matvec_refuses_threads_of_the_wrong_type():
+    w = muser.quantize(np.ones((4, 256), np.float32), "Q8_0")
+    x = np.ones((1, 256), np.float32)
+    for threads in (True, 2.0):
+        with pytest.raises(TypeError, match="threads must be an int or None"):
+            muser.ops.matvec(w, "Q8_0", x, threads=threads)
+    np.testing.assert_array_equal(muser.ops.matvec(w, "Q8_0", x, threads=np.int32(1)), muser.ops.matvec(w, "Q8_0", x))
+
+
 def _thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Union
 import numpy as np
 
 from ._core import Error
-from ._ids import int64_ids
+from ._args import int64_ids
 
 __all__ = ["compare", "CompareResult", "BoundedLogitPolicy", "PolicyVerdict", "load_source", "Source"]
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _core, _device, _sampling
 from . import shard as _shard
-from ._ids import int64_ids
+from ._args import int64_ids, threads_arg
 from ._sampling import Sample
 from .errors import DeviceError
 
@@ -249,6 +249,9 @@ class Head:
         for name, flag in (("mmap", mmap), ("fuse", fuse)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        for name, text in (("device", device), ("acts", acts)):
+            if not isinstance(text, str):
+                raise TypeError(f"{name} must be a str, got {type(text).__name__}")
         pinned_backend = None  # ggml-cpu's graph compute
         if route == "pinned":  # decided by what the device is (its caps), refused before any upload
             caps = _core.device_caps(device)
@@ -261,7 +264,7 @@ class Head:
         if shard is not None and route == "pinned":
             raise ValueError("route='pinned' runs llama.cpp's whole head; it cannot be sharded (shard=None)")
         core_route = "graph" if route == "pinned" else route
-        core = _core.Head.load(path, device, core_route, acts, int(threads or 0), mmap, fuse, dict(overrides),
+        core = _core.Head.load(path, device, core_route, acts, threads_arg(threads), mmap, fuse, dict(overrides),
                                rank, world)
         pinned = None
         if route == "pinned":

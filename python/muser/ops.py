@@ -9,6 +9,7 @@ from typing import Optional
 import numpy as np
 
 from . import _core
+from ._args import threads_arg
 
 
 def _2d(a: np.ndarray, name: str) -> np.ndarray:
@@ -58,10 +59,10 @@ def matvec(w: np.ndarray, weight_type: str, x: np.ndarray, *, order: str = "cano
     if acts == "q8":
         if order != "canonical":
             raise ValueError("acts='q8' has one order; leave order='canonical'")
-        return _core.ops_matvec_q8(w, weight_type, _2d(x, "x"), isa, int(threads))
+        return _core.ops_matvec_q8(w, weight_type, _2d(x, "x"), isa, threads_arg(threads))
     if acts != "f32":
         raise ValueError(f"acts must be 'f32' or 'q8', got {acts!r}")
-    return _core.ops_matvec(w, weight_type, _2d(x, "x"), order, isa, int(threads))
+    return _core.ops_matvec(w, weight_type, _2d(x, "x"), order, isa, threads_arg(threads))
 
 
 def quantize_acts(x: np.ndarray, weight_type: str) -> np.ndarray:

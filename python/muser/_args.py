@@ -1,0 +1,37 @@
+"""Conversions of callers' arguments that several entry points share.
+
+Token ids (score's ``token_ids``, compare's and lens's ``targets``) become int64:
+unsigned ids of 2^63 and above would wrap to negative int64 values in the cast, and a
+negative id is a valid numpy index, so they are refused here, on the caller's own values:
+the error names the id the caller gave. Each caller checks the range [0, V) itself.
+``threads`` must be an int: ``int()`` would run ``True`` on one thread and truncate 2.5."""
+from __future__ import annotations
+
+from numbers import Integral
+from typing import Any, Optional
+
+import numpy as np
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def int64_ids(ids: Any, what: str) -> np.ndarray:
+    """``ids`` as an int64 array of the same shape. TypeError unless they are integers (bool is
+    not); ValueError for an unsigned id of 2^63 or more."""
+    arr = np.asarray(ids)
+    if arr.dtype.kind not in "iu" or arr.dtype == np.bool_:
+        raise TypeError(f"{what} must be integer token ids, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > _INT64_MAX:
+        where = tuple(int(i) for i in np.unravel_index(int(np.argmax(arr)), arr.shape))
+        raise ValueError(f"{what} must be token ids (below 2^63), got {int(arr.max())} at index {where}")
+    return arr.astype(np.int64, copy=False)
+
+
+def threads_arg(threads: Optional[int]) -> int:
+    """``threads`` (None or an int; numpy ints are ints, bools are not) as the int the core
+    takes, 0 for None (every usable CPU). The core checks the range and names the maximum."""
+    if threads is None:
+        return 0
+    if not isinstance(threads, Integral) or isinstance(threads, bool):
+        raise TypeError(f"threads must be an int or None, got {type(threads).__name__}")
+    return int(threads)
