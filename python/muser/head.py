@@ -681,6 +681,8 @@ class Head:
         position (a Philox4x32-10 uniform per (seed, position, token id)), never on the batch.
         ``logprobs`` are those of :meth:`score` (the raw capped logits), ``processed_logprobs``
         those of the processed distribution, ``kept_mass`` the kept set's raw probability.
+        A bias is float32 arithmetic: one of 1e9 swamps the logits it is added to, so force
+        tokens with ``allowed`` instead (docs/numerics.md, "What comes back").
         """
         p = _sampling.check_params(self._spec.vocab_size, seed=seed, positions=positions,
                                    temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
