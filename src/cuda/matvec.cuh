@@ -617,8 +617,8 @@ __host__ __device__ constexpr size_t wide_smem_floats(int64_t cols, int warps) {
 
 // A warp's 8 rows (one row tile's half or whole) of the wide and stream kernels:
 // their pointers, one unit's raw bytes in flight, and the unit's decode and FMAs
-// over TT token slots. Words are shared by shuffles, so a unit in flight is 11
-// registers (Q4_K) or 13 (Q5_K).
+// over TT token slots. Words are shared by shuffles, so a unit in flight is 9
+// registers a lane (Q4_K: a header word and 8 quant words) or 11 (Q5_K: 2 qh words).
 template <bool kHigh>
 struct WideRows {
   using Dec = DecodeKQuant<kHigh>;
