@@ -36,6 +36,21 @@ def test_inspect_of_a_malformed_file_is_a_clean_error(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("args,says", [
+    (["demo", "--tokens", "0"], "--tokens: expected integers >= 1, got '0'"),
+    (["demo", "--repeats", "0"], "--repeats: expected integers >= 1"),  # was a median of nothing: nan ms
+    (["demo", "--vocab", "x"], "--vocab: expected comma-separated integers, got 'x'"),
+    (["demo", "--hidden", "100"], "muser: ValueError: hidden=100 is not a multiple"),
+    (["bench", "--tokens", "1,abc"], "--tokens: expected comma-separated integers, got '1,abc'"),
+    (["bench", "--tokens", "0"], "--tokens: expected integers >= 1"),
+    (["bench", "--reps", "0"], "--reps: expected integers >= 1"),
+    (["bench", "--threads", "2,-1"], "--threads: expected integers >= 1"),
+])
+def test_bad_counts_are_a_usage_error_not_a_traceback(args, says):
+    r = run(*args, check=False)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr
+
+
 def _subcommands():
     import argparse
 

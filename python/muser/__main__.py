@@ -12,6 +12,7 @@ from typing import Optional
 
 import numpy as np
 
+from muser._args import positive_int
 from muser.head import ROUTES
 
 
@@ -132,12 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="write a small Muse Glimmer-style head and run a step")
     d.add_argument("--full", action="store_true", help="the real 202,048 x 6,656 Q5_K shape (925 MB)")
-    d.add_argument("--hidden", type=int, default=1024, help="hidden size H, a multiple of 256 (default 1024)")
-    d.add_argument("--vocab", type=int, default=16384, help="vocabulary size V (default 16384)")
-    d.add_argument("--tokens", type=int, default=3, help="hidden states aimed at random tokens (default 3)")
+    d.add_argument("--hidden", type=positive_int, default=1024, help="hidden size H, a multiple of 256 (default 1024)")
+    d.add_argument("--vocab", type=positive_int, default=16384, help="vocabulary size V (default 16384)")
+    d.add_argument("--tokens", type=positive_int, default=3, help="hidden states aimed at random tokens (default 3)")
     d.add_argument("--route", default="graph", choices=ROUTES, help="the route (default graph; README: Routes)")
     d.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or metal")
-    d.add_argument("--repeats", type=int, default=5, help="timed steps; the median is reported (default 5)")
+    d.add_argument("--repeats", type=positive_int, default=5, help="timed steps; the median is reported (default 5)")
     d.add_argument("--seed", type=int, default=0, help="seed of the weights and of the aimed-at tokens")
     d.add_argument("--keep", metavar="PATH", help="write the GGUF here and keep it (else a temporary file)")
     d.add_argument("--json", action="store_true", help="print the result as JSON (the text goes to stderr)")
@@ -178,8 +179,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return 0
-    except (Error, OSError) as e:
-        # a bad file or device is the user's to fix: say what, not where in muser
+    except (Error, OSError, ValueError) as e:
+        # a bad file, device or argument value is the user's to fix: say what, not where in muser
         print(f"muser: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     except ImportError as e:  # an optional extra (--plot's matplotlib) that is not installed

@@ -4,9 +4,12 @@ Token ids (score's ``token_ids``, compare's and lens's ``targets``) become int64
 unsigned ids of 2^63 and above would wrap to negative int64 values in the cast, and a
 negative id is a valid numpy index, so they are refused here, on the caller's own values:
 the error names the id the caller gave. Each caller checks the range [0, V) itself.
-``threads`` must be an int: ``int()`` would run ``True`` on one thread and truncate 2.5."""
+``threads`` must be an int: ``int()`` would run ``True`` on one thread and truncate 2.5.
+The command line's counts (``--tokens 1,8``, ``--reps``) are integers >= 1, refused by
+argparse with its usage line rather than a traceback."""
 from __future__ import annotations
 
+import argparse
 from numbers import Integral
 from typing import Any, Optional
 
@@ -35,3 +38,22 @@ def threads_arg(threads: Optional[int]) -> int:
     if not isinstance(threads, Integral) or isinstance(threads, bool):
         raise TypeError(f"threads must be an int or None, got {type(threads).__name__}")
     return int(threads)
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse type: comma-separated integers, each >= 1 ("1,8" -> [1, 8])."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: one integer >= 1."""
+    values = positive_ints(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"expected one integer >= 1, got {text!r}")
+    return values[0]

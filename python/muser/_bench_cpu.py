@@ -155,15 +155,16 @@ def format_table(res: dict) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench's options (shared by bench/cpu_head.py and ``python -m muser bench``)."""
+    from ._args import positive_int, positive_ints
     from ._cli_cache import add_cache_dir_argument
 
-    p.add_argument("--threads", default=None,
+    p.add_argument("--threads", default=None, type=positive_ints,
                    help="comma-separated thread counts, each 1 to muser.build_info()['max_threads'] "
                         "(default: 1 and every CPU this process may use)")
-    p.add_argument("--tokens", default="1,8", help="comma-separated batch sizes t (default 1,8)")
+    p.add_argument("--tokens", default="1,8", type=positive_ints, help="comma-separated batch sizes t (default 1,8)")
     p.add_argument("--routes", default=",".join(ROUTES), help=f"comma-separated routes (default {','.join(ROUTES)})")
     p.add_argument("--acts", default=",".join(ACTS), help=f"comma-separated activation modes (default {','.join(ACTS)})")
-    p.add_argument("--reps", type=int, default=5, help="timed calls per configuration; the median is reported (default 5)")
+    p.add_argument("--reps", type=positive_int, default=5, help="timed calls per configuration; the median is reported (default 5)")
     p.add_argument("--no-ggml", action="store_true", help="skip the pinned (ggml) comparator")
     p.add_argument("--file", help="GGUF head to run (default: the seed's shape, written once into the cache folder)")
     add_cache_dir_argument(p)
@@ -185,8 +186,8 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = [int(v) for v in args.threads.split(",")] if args.threads else sorted({1, cpus})
-    tokens = [int(v) for v in args.tokens.split(",")]
+    threads = args.threads or sorted({1, cpus})  # lists of ints >= 1 (positive_ints)
+    tokens = args.tokens
     routes = [r for r in args.routes.split(",") if r]
     acts = [a for a in args.acts.split(",") if a]
     bad = [r for r in routes if r not in ROUTES] + [a for a in acts if a not in ACTS]
