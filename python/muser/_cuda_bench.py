@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ._args import positive_int, positive_ints
 from ._bench_util import median_call_seconds
 
 SEED_SHAPE = dict(hidden=6656, vocab=202048, weight_type="Q5_K")  # the seed's head, 924,571,648 bytes
@@ -147,15 +148,15 @@ def time_torch_linear(hidden: int, vocab: int, t: int, warmup: int, reps: int,
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--hidden", type=int, default=SEED_SHAPE["hidden"])
-    p.add_argument("--vocab", type=int, default=SEED_SHAPE["vocab"])
+    p.add_argument("--hidden", type=positive_int, default=SEED_SHAPE["hidden"])
+    p.add_argument("--vocab", type=positive_int, default=SEED_SHAPE["vocab"])
     p.add_argument("--weight-type", default=SEED_SHAPE["weight_type"])
     p.add_argument("--routes", default="graph,fused,canonical")
     p.add_argument("--acts", default="f32,q8", help="activation modes: f32, q8 or both")
-    p.add_argument("--tokens", default="1,8", help=f"batch sizes, e.g. the sweep {SWEEP_TOKENS}")
+    p.add_argument("--tokens", default="1,8", type=positive_ints, help=f"batch sizes, e.g. the sweep {SWEEP_TOKENS}")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--reps", type=positive_int, default=30)
     p.add_argument("--file", help="use (or keep) this GGUF instead of a temporary one")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' for stdout)")
@@ -194,7 +195,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import torch  # the device hidden states (torch is on the device machines; cupy would do too)
 
     rng = np.random.default_rng(1)
-    for t in (int(v) for v in args.tokens.split(",")):
+    for t in args.tokens:
         x = rng.standard_normal((t, args.hidden), dtype=np.float32)
         xd = torch.from_numpy(x).to(f"cuda:{ordinal}")
         for (route, acts), head in heads.items():
@@ -211,8 +212,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             import torch
 
             w = torch.randn((args.vocab, args.hidden), device="cuda", dtype=torch.bfloat16)
-            for t in args.tokens.split(","):
-                results["torch_bf16"][t] = time_torch_linear(args.hidden, args.vocab, int(t), args.warmup,
+            for t in args.tokens:  # keyed by the text of t, as the JSON has it
+                results["torch_bf16"][str(t)] = time_torch_linear(args.hidden, args.vocab, t, args.warmup,
                                                              args.reps, w)
             del w
             torch.cuda.empty_cache()
