@@ -3,8 +3,8 @@
 // the wide (8 tokens), stream (16) and shared-decode (32) kernels, as launches of
 // their token tiles, on one random weight in the device layout. Prints each kernel's time (median
 // of CUDA events), its ratio to the FP32-FMA bound 2*V*H*t / 66.9 TFLOP/s, and
-// whether its logits equal the old kernel's bit for bit (t = 5..8, and t = 16,
-// 64, 256 as launches of 8 tokens, as matvec_canon tiles them).
+// whether its logits equal the old kernel's (run as launches of 8 tokens) bit for
+// bit, at t = 8, 12, 16, 17, 24, 32, 41, 64 and 256.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 --fmad=false -Isrc/cpp -Isrc/cuda \
 //       bench/experiments/cuda_canon_wide.cu -o /tmp/canon_wide && /tmp/canon_wide [rows cols reps soak_s [name t]]

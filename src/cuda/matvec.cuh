@@ -787,12 +787,36 @@ __host__ __device__ constexpr size_t stream_smem_bytes() {
   return sizeof(float) * ((size_t)2 * kStreamTokens * kQK_K + (size_t)kStreamWarps * 2 * kWideRows * 16);
 }
 
+// Unit u's x of kTokens token slots into buf ([kTokens][256], the columns in order)
+// by 16-byte cp.async, the CTA's kThreads threads sharing the copies (64 a token);
+// slots k >= a.t are zero-filled. One commit group. The stream and shared-decode
+// kernels stage x this way; kUnroll is each one's unroll of the copy loop, 0 for
+// whole (the shared-decode kernel spills at 128 registers with it unrolled whole).
+template <int kTokens, int kThreads, int kUnroll>
+__device__ __forceinline__ void stage_x_unit(float* buf, const MatvecArgs& a, int u) {
+  constexpr int kChunks = kQK_K / 4, kPass = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kTokens % kPass == 0, "whole tokens per pass");
+  const int c4 = 4 * (threadIdx.x % kChunks), k0 = threadIdx.x / kChunks;
+  float* dst = buf + c4;
+  const float* src = a.x + (int64_t)u * kQK_K + c4;
+  auto copy = [&](int k) {
+    const bool valid = k < a.t;
+    cp_async16(dst + k * kQK_K, valid ? src + (int64_t)k * a.ldx : a.x, valid);
+  };
+  if constexpr (kUnroll == 0) {
+#pragma unroll
+    for (int k = k0; k < kTokens; k += kPass) copy(k);
+  } else {
+#pragma unroll kUnroll
+    for (int k = k0; k < kTokens; k += kPass) copy(k);
+  }
+  cp_async_commit();
+}
+
 template <bool kHigh>
 __global__ void __launch_bounds__(32 * kStreamWarps, 1) matvec_canon_stream_kernel(MatvecArgs a) {
   using Rows = WideRows<kHigh>;
   constexpr int R = kWideRows, TT = kStreamTokens, B = Rows::B;
-  constexpr int kThreads = 32 * kStreamWarps, kChunks = kQK_K / 4;  // 16-byte copies: 64 a token's unit
-  static_assert(kThreads % kChunks == 0 && TT % (kThreads / kChunks) == 0, "whole tokens per pass");
   extern __shared__ float4 smem_f4[];
   float* const xs = reinterpret_cast<float*>(smem_f4);  // [2][TT][256]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -800,23 +824,13 @@ __global__ void __launch_bounds__(32 * kStreamWarps, 1) matvec_canon_stream_kern
   const int units = (int)(a.cols / kQK_K);
   const int64_t groups = (a.rows + kStreamWarps * R - 1) / (kStreamWarps * R);
   const int64_t last_group_row = (a.rows - 1) / R * R;  // warps past the end re-read the last rows
-  const int c4 = 4 * (threadIdx.x % kChunks), k0 = threadIdx.x / kChunks;  // this thread's copies
 
   pdl_launch_dependents();
   pdl_wait();  // x is the previous node's output
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
     const int64_t row0 = (g * kStreamWarps + warp) * R;
     Rows rows(a.w + tiled_row_offset(min(row0, last_group_row), a.row_bytes, B), factors, lane, a.exponent_bits);
-    auto stage_x = [&](int u, int buf) {  // slots k >= t read as zeros
-      float* dst = xs + buf * TT * kQK_K + c4;
-      const float* src = a.x + (int64_t)u * kQK_K + c4;
-#pragma unroll
-      for (int k = k0; k < TT; k += kThreads / kChunks) {
-        const bool valid = k < a.t;
-        cp_async16(dst + k * kQK_K, valid ? src + (int64_t)k * a.ldx : a.x, valid);
-      }
-      cp_async_commit();
-    };
+    auto stage_x = [&](int u, int buf) { stage_x_unit<TT, 32 * kStreamWarps, 0>(xs + buf * TT * kQK_K, a, u); };
     float acc[R][TT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -898,10 +912,6 @@ __global__ void __launch_bounds__(32 * kSharedWarps, 1) matvec_canon_shared_kern
   const int units = (int)(a.cols / kQK_K);
   const int64_t groups = (a.rows + RC - 1) / RC;
   const int64_t last_decode_row = (a.rows - 1) / RD * RD;  // decoders past the end re-read the last rows
-  // this thread's x copies: 16 bytes (4 columns) of tokens k0, k0 + 8, ... (kThreads = 8 * 64)
-  constexpr int kChunks = kQK_K / 4;
-  static_assert(kThreads % kChunks == 0 && TC % (kThreads / kChunks) == 0, "whole tokens per pass");
-  const int c4 = 4 * (threadIdx.x % kChunks), k0 = threadIdx.x / kChunks;
 
   pdl_launch_dependents();
   pdl_wait();  // x is the previous node's output
@@ -923,16 +933,7 @@ __global__ void __launch_bounds__(32 * kSharedWarps, 1) matvec_canon_shared_kern
       }
       phdr += Dec::kBlockStride, pqs += Dec::kBlockStride, pqh += Dec::kBlockStride;
     };
-    auto stage_x = [&](int u, int buf) {
-      float* dst = xs + buf * TC * kQK_K + c4;
-      const float* src = a.x + (int64_t)u * kQK_K + c4;
-#pragma unroll 2
-      for (int k = k0; k < TC; k += kThreads / kChunks) {
-        const bool valid = k < a.t;
-        cp_async16(dst + k * kQK_K, valid ? src + (int64_t)k * a.ldx : a.x, valid);
-      }
-      cp_async_commit();
-    };
+    auto stage_x = [&](int u, int buf) { stage_x_unit<TC, kThreads, 2>(xs + buf * TC * kQK_K, a, u); };
     auto decode_unit = [&](int buf) {
       float w[RD][8];
       Dec::template decode<RD>(raw, fl, lane, scratch, w);
