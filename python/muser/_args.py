@@ -30,14 +30,20 @@ def int64_ids(ids: Any, what: str) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
+def int_arg(name: str, value: Any, expected: str = "an int") -> int:
+    """``value`` as an int: Python and numpy ints are ints, bools are not (TypeError naming
+    ``name`` and what was ``expected``)."""
+    if type(value) is int:  # the common case, without the numbers ABC's isinstance
+        return value
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+    return int(value)
+
+
 def threads_arg(threads: Optional[int]) -> int:
-    """``threads`` (None or an int; numpy ints are ints, bools are not) as the int the core
-    takes, 0 for None (every usable CPU). The core checks the range and names the maximum."""
-    if threads is None:
-        return 0
-    if not isinstance(threads, Integral) or isinstance(threads, bool):
-        raise TypeError(f"threads must be an int or None, got {type(threads).__name__}")
-    return int(threads)
+    """``threads`` (None or an int) as the int the core takes, 0 for None (every usable CPU).
+    The core checks the range and names the maximum."""
+    return 0 if threads is None else int_arg("threads", threads, "an int or None")
 
 
 def positive_ints(text: str) -> list[int]:

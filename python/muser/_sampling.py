@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from . import _core
+from ._args import int_arg
 
 _U64_LIMIT = 1 << 64
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -57,21 +58,13 @@ def _real(name: str, value: Any) -> float:
     return float(value)
 
 
-def _int(name: str, value: Any) -> int:
-    if type(value) is int:
-        return value
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    return int(value)
-
-
 def _bias(logit_bias: Any, V: int) -> Optional[np.ndarray]:
     if logit_bias is None:
         return None
     dense = np.zeros(V, np.float32)
     if isinstance(logit_bias, dict):
         for tok, val in logit_bias.items():
-            tok = _int("a logit_bias key (token id)", tok)
+            tok = int_arg("a logit_bias key (token id)", tok)
             if not 0 <= tok < V:
                 raise ValueError(f"logit_bias token ids must lie in [0, {V}), got {tok}")
             v = _real(f"logit_bias[{tok}]", val)
@@ -115,7 +108,7 @@ def check_params(V: int, *, seed: Any, positions: Any, temperature: Any, top_k: 
         raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature}")
     if t > 0.0 and _f32(t) == 0.0:
         raise ValueError(f"temperature {temperature} rounds to 0 in float32: pass 0 for greedy or a larger value")
-    k = _int("top_k", top_k)
+    k = int_arg("top_k", top_k)
     if not 0 <= k <= V:
         raise ValueError(f"top_k must be in [0, {V}] (0: off, at most V), got {top_k}")
     p = _real("top_p", top_p)
@@ -134,7 +127,7 @@ def check_params(V: int, *, seed: Any, positions: Any, temperature: Any, top_k: 
                              f"(the caller owns reproducibility); missing: {', '.join(missing)}")
     s = 0
     if seed is not None:
-        s = _int("seed", seed)
+        s = int_arg("seed", seed)
         if not 0 <= s < _U64_LIMIT:
             raise ValueError(f"seed must be in [0, 2^64), got {seed}")
     return _Params(_f32(t), k, _f32(p), _f32(mp), s, _bias(logit_bias, V), _allowed(allowed, V))
@@ -148,7 +141,7 @@ def check_positions(positions: Any, t: int, single: bool) -> np.ndarray:
     if single:
         if isinstance(positions, np.ndarray) and positions.ndim != 0:
             raise ValueError(f"positions for one row must be an int, got an array of shape {positions.shape}")
-        p = _int("positions", positions.item() if isinstance(positions, np.ndarray) else positions)
+        p = int_arg("positions", positions.item() if isinstance(positions, np.ndarray) else positions)
         if not 0 <= p < _U64_LIMIT:
             raise ValueError(f"positions must be in [0, 2^64), got {p}")
         return np.array([p], np.uint64)

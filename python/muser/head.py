@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _core, _device, _sampling
 from . import shard as _shard
-from ._args import int64_ids, threads_arg
+from ._args import int64_ids, int_arg, threads_arg
 from ._sampling import Sample
 from .errors import DeviceError
 
@@ -497,13 +497,11 @@ class Head:
         ``logprobs=True`` also gives their log-probabilities (``value - logsumexp`` of the
         row, the logsumexp of :meth:`logsumexp`); otherwise ``logprobs`` is None.
         """
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"k must be an int, got {type(k).__name__}")
-        if not 1 <= int(k) <= self._spec.vocab_size:
+        k = int_arg("k", k)
+        if not 1 <= k <= self._spec.vocab_size:
             raise ValueError(f"k must be in [1, {self._spec.vocab_size}] (V), got {k}")
         if not isinstance(logprobs, bool):
             raise TypeError(f"logprobs must be a bool, got {type(logprobs).__name__}")
-        k = int(k)
         if self._shard is not None:
             vals, ids, lps, single = _shard.topk(self, hidden, k, logprobs, check_finite)
             return TopK(vals[0], ids[0], None if lps is None else lps[0]) if single else TopK(vals, ids, lps)
@@ -732,10 +730,7 @@ def _check_shard(shard: Any) -> tuple[int, int]:
         return 0, 1
     if not isinstance(shard, (tuple, list)) or len(shard) != 2:
         raise TypeError(f"shard must be a (rank, world) pair of ints, got {shard!r}")
-    for name, v in zip(("rank", "world"), shard):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"shard {name} must be an int, got {type(v).__name__}")
-    rank, world = int(shard[0]), int(shard[1])
+    rank, world = (int_arg(f"shard {name}", v) for name, v in zip(("rank", "world"), shard))
     if world < 1:
         raise ValueError(f"shard world must be >= 1, got {world}")
     if not 0 <= rank < world:

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Optional, Sequence, Union
 import numpy as np
 
 from . import _core
+from ._args import int_arg
 from .compare import _CHUNK_ELEMENTS, _kl_rows, _log_softmax, check_target_range, load_targets
 
 __all__ = ["lens", "LensResult"]
@@ -136,11 +137,9 @@ def lens(head: Any, hidden_by_layer: HiddenByLayer, *, k: int = 5, targets: Any 
         head = Head.load(head)
     spec = head.spec
     V, H = spec.vocab_size, spec.hidden_size
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if not 1 <= int(k) <= V:
+    k = int_arg("k", k)
+    if not 1 <= k <= V:
         raise ValueError(f"k must be in [1, {V}] (V), got {k}")
-    k = int(k)
     layers = _layers(hidden_by_layer, H)
     L, t = len(layers), layers[0].shape[0]
     tgt = None
