@@ -27,6 +27,7 @@ import numpy as np
 
 import muser
 from muser import _core
+from muser._args import positive_int, positive_ints
 from muser._cuda_bench import SEED_SHAPE, write_random_head
 
 
@@ -60,11 +61,11 @@ def main() -> int:
     p.add_argument("--device", default="cuda", help="cuda or cpu")
     p.add_argument("--route", default="fused", help="the route (default fused)")
     p.add_argument("--acts", default="q8", help="f32 or q8 (default q8)")
-    p.add_argument("--tokens", default="1,256", help="comma-separated batch sizes t")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (cpu device)")
-    p.add_argument("--reps", type=int, default=20, help="timed repetitions per measurement")
-    p.add_argument("--hidden", type=int, default=SEED_SHAPE["hidden"], help="H")
-    p.add_argument("--vocab", type=int, default=SEED_SHAPE["vocab"], help="V")
+    p.add_argument("--tokens", default="1,256", type=positive_ints, help="comma-separated batch sizes t")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (cpu device)")
+    p.add_argument("--reps", type=positive_int, default=20, help="timed repetitions per measurement")
+    p.add_argument("--hidden", type=positive_int, default=SEED_SHAPE["hidden"], help="H")
+    p.add_argument("--vocab", type=positive_int, default=SEED_SHAPE["vocab"], help="V")
     p.add_argument("--weight-type", default=SEED_SHAPE["weight_type"], help="LM-head weight type")
     args = p.parse_args()
     tmp = tempfile.mkdtemp()
@@ -82,7 +83,7 @@ def main() -> int:
     print(f"{'':>14} {'':>7} {'':>9} {'':>11} {'sample':^26}")
     print(f"{'t':>4} {'plain ms':>9} {'score':>7} {'logsumexp':>9} {'log_softmax':>11} "
           f"{'greedy':>8} {'top_p .9':>8} {'top_k 50':>8}   (ratios to plain)")
-    for t in (int(v) for v in args.tokens.split(",")):
+    for t in args.tokens:
         x = np.random.default_rng(t).standard_normal((t, args.hidden), dtype=np.float32)
         ids = np.random.default_rng(1).integers(0, args.vocab, size=t)
         xin = torch.from_numpy(x).cuda() if cuda else x

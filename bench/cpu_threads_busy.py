@@ -50,20 +50,21 @@ def time_head(head, x, reps: int) -> tuple[float, float]:
 
 def main() -> int:
     import muser
+    from muser._args import positive_int, positive_ints
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--busy", default="0,1", help="comma-separated counts of spinning processes (default 0,1)")
-    p.add_argument("--threads", default=None, help="thread counts besides the default (default: 1..CPUs)")
-    p.add_argument("--tokens", default="1,8", help="batch sizes t (default 1,8)")
+    p.add_argument("--threads", type=positive_ints, default=None, help="thread counts besides the default (default: 1..CPUs)")
+    p.add_argument("--tokens", default="1,8", type=positive_ints, help="batch sizes t (default 1,8)")
     p.add_argument("--routes", default="graph,canonical", help="routes (default graph,canonical)")
     p.add_argument("--acts", default="q8,f32", help="activation modes (default q8,f32)")
-    p.add_argument("--reps", type=int, default=40, help="timed calls of the small head (the seed head: reps / 8)")
+    p.add_argument("--reps", type=positive_int, default=40, help="timed calls of the small head (the seed head: reps / 8)")
     p.add_argument("--seed-head", action="store_true", help="also the seed's 925 MB head (written once, cached)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = p.parse_args()
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = [int(v) for v in args.threads.split(",")] if args.threads else list(range(1, cpus + 1))
+    threads = args.threads if args.threads else list(range(1, cpus + 1))
     tmp = tempfile.TemporaryDirectory(prefix="muser-busy-")
     from muser.fixtures import MUSE_GLIMMER, write_head_gguf
 
@@ -87,7 +88,7 @@ def main() -> int:
             try:
                 for route in args.routes.split(","):
                     for acts in args.acts.split(","):
-                        for t in [int(v) for v in args.tokens.split(",")]:
+                        for t in args.tokens:
                             x = np.random.default_rng(0).standard_normal((t, H)).astype(np.float32)
                             one = None
                             for n in threads + [None]:
