@@ -101,8 +101,8 @@ def _layers(hidden_by_layer: Any, hidden_size: int) -> list[np.ndarray]:
     t = layers[0].shape[0]
     for i, x in enumerate(layers):
         if x.shape != (t, hidden_size):
-            raise ValueError(f"layer {i} must have shape ({t}, {hidden_size}) like layer 0 with H={hidden_size}, "
-                             f"got {x.shape}")
+            rows = "layer 0's t" if i else "t"
+            raise ValueError(f"layer {i} must have shape ({t}, {hidden_size}) ({rows}, H={hidden_size}), got {x.shape}")
     if t == 0:
         raise ValueError("hidden_by_layer has no rows (t = 0)")
     return layers
