@@ -10,6 +10,8 @@
 //       bench/experiments/cuda_canon_wide.cu -o /tmp/canon_wide && /tmp/canon_wide [rows cols reps soak_s [name t]]
 //   with -DWITH_ROUTE_PLAN and src/cuda/{matvec,pdl,matvec_q5_k,matvec_q4_k,matvec_q6_k,matvec_q8_0,matvec_float}.cu
 //   it also runs matvec_canon itself (the route's tile plan) against the 4-row kernel.
+//   `/tmp/canon_wide 202048 6656 20 0 small`: the 4-row kernel at t = 1, 2, 4 in other
+//   shapes (rows a warp, warps, CTAs a SM) against CanonShape's, GB/s and bits.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -74,6 +76,14 @@ static void run_old(const MatvecArgs& a) {  // matvec_canon_kernel<DecodeQ5K, 8>
   const int chunk = (int)((a.cols + 255) / 256 * 256);
   const size_t smem = (size_t)a.t * 32 * (chunk / 32 + kLanePad) * 4 + (size_t)Cta::warps * 2 * 32 * ((R + 1) / 2) * 4;
   launch_grid(&matvec_canon_kernel<DecodeQ5K, 8>, 32 * Cta::warps, smem, (int64_t)Cta::warps * R, a, chunk, true);
+}
+
+// matvec_canon_kernel<DecodeQ5K, TT> in another shape (rows a warp, warps, CTAs a SM), for t <= 4
+template <int TT, int R, int W, int C>
+static void run_small(const MatvecArgs& a) {
+  const int chunk = (int)((a.cols + 255) / 256 * 256);
+  const size_t smem = (size_t)a.t * 32 * (chunk / 32 + kLanePad) * 4 + (size_t)W * 2 * 32 * ((R + 1) / 2) * 4;
+  launch_grid(&matvec_canon_kernel<DecodeQ5K, TT, R, W, C>, 32 * W, smem, (int64_t)W * R, a, chunk, true);
 }
 
 template <int kWarps>
@@ -155,10 +165,58 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  // optional: argv[5] keeps only the launches whose name holds it, at t = argv[6] (for a profiler)
+  // optional: argv[5] keeps only the launches whose name holds it, at t = argv[6] (for a profiler);
+  // argv[5] = small: the 4-row kernel's shapes at t = 1, 2, 4 instead
   const char* only = argc > 5 ? argv[5] : nullptr;
   std::vector<int> ts = {8, 12, 16, 17, 24, 32, 41, 64, 256};
   if (argc > 6) ts = {std::atoi(argv[6])};
+  if (only && !std::strcmp(only, "small")) {  // the 4-row kernel's shapes at t = 1, 2, 4 against the tree's (CanonShape)
+    struct Small {
+      int t;
+      const char* name;
+      void (*run)(const MatvecArgs&);
+    };
+    using S1 = CanonShape<DecodeQ5K, 1>;
+    using S2 = CanonShape<DecodeQ5K, 2>;
+    using S4 = CanonShape<DecodeQ5K, 4>;
+    const Small smalls[] = {
+        {1, "(tree)", run_small<1, S1::rows, S1::warps, S1::min_ctas>},
+        {1, "R2 W8 C3", run_small<1, 2, 8, 3>},  // the shape before CanonShape
+        {1, "R4 W24 C1", run_small<1, 4, 24, 1>},
+        {2, "(tree)", run_small<2, S2::rows, S2::warps, S2::min_ctas>},
+        {2, "R2 W8 C3", run_small<2, 2, 8, 3>},  // before
+        {4, "(tree)", run_small<4, S4::rows, S4::warps, S4::min_ctas>},
+        {4, "R4 W8 C2", run_small<4, 4, 8, 2>},  // before
+    };
+    const double weight_bytes = (double)rows * row_bytes;
+    for (const Small& S : smalls) {
+      a.t = S.t;
+      const bool ref = std::strstr(S.name, "(tree)") != nullptr;
+      a.y = ref ? dy_old : dy_new;
+      CK(cudaMemset(a.y, 0xff, (size_t)S.t * rows * 4));
+      S.run(a);
+      CK(cudaDeviceSynchronize());
+      CK(cudaMemcpy(ref ? want.data() : got.data(), a.y, (size_t)S.t * rows * 4, cudaMemcpyDeviceToHost));
+      size_t diff = 0;
+      if (!ref)
+        for (size_t i = 0; i < (size_t)S.t * rows; ++i) diff += std::memcmp(&got[i], &want[i], 4) != 0;
+      std::vector<float> ms;
+      for (int i = 0; i < reps; ++i) {
+        CK(cudaEventRecord(e0));
+        S.run(a);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float m = 0;
+        CK(cudaEventElapsedTime(&m, e0, e1));
+        ms.push_back(m);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double us = ms[ms.size() / 2] * 1e3;
+      std::printf("t=%d %-16s %8.1f us  %6.0f GB/s  bits differing from the tree's shape: %zu\n", S.t, S.name, us,
+                  weight_bytes / us * 1e-3, diff);
+    }
+    return 0;
+  }
   for (int t : ts) {
     a.y = dy_old;
     run_tiles(run_old, a, t);

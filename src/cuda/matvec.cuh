@@ -454,9 +454,10 @@ template <int TT>
 struct RowsPerWarp {
   static constexpr int value = TT <= 2 ? 2 : TT <= 8 ? 4 : TT <= 16 ? 2 : 1;
 };
-// The CTA per token tile. min_ctas: CTAs per SM the register allocation
-// must allow (24 warps per SM keep enough bytes in flight at t = 1; a
-// tighter cap made the compiler recompute lane constants in the loop).
+// The CTA per token tile (CanonShape below picks the K-quants' own). min_ctas:
+// CTAs per SM the register allocation must allow (24 warps per SM keep enough
+// bytes in flight at t = 1 for the decoders without shared factors; a tighter
+// cap made the compiler recompute lane constants in the loop).
 // x_budget: staged x per CTA before columns are chunked. A chunked x is
 // restaged for every row group (all of x per 8 warps' rows: at t = 8 that
 // moved more bytes through shared memory than the weight through DRAM and
@@ -468,6 +469,21 @@ struct MatvecCta {
   static constexpr int warps = TT >= 8 ? 16 : 8;
   static constexpr int min_ctas = TT <= 2 ? 3 : TT <= 4 ? 2 : 1;
   static constexpr size_t x_budget = TT <= 1 ? 48 * 1024 : TT <= 2 ? 64 * 1024 : TT <= 4 ? 110 * 1024 : 216 * 1024;
+};
+
+// The kernel's shape for decoder Dec and token tile TT: rows a warp, warps a
+// CTA, CTAs a SM (the register cap) and the staged x's budget. The K-quants
+// (shared factors) run t <= 8 as the t = 8 tile does, 4 rows a warp in one
+// CTA of 16 warps a SM: at t = 1 the tile's own shape (2 rows, 3 CTAs of 8
+// warps) took 558 against 495 us, 695 against 605 at t = 2, 796 against 764
+// at t = 4 (H100, seed head; bench/experiments/cuda_canon_wide.cu's `small`
+// mode, bit-equal: the shape moves no sum). The other decoders keep the tile's.
+template <class Dec, int TT>
+struct CanonShape {
+  static constexpr int tile = Dec::kFactors && TT <= 8 ? 8 : TT;
+  static constexpr int rows = RowsPerWarp<tile>::value, warps = MatvecCta<tile>::warps,
+                       min_ctas = MatvecCta<tile>::min_ctas;
+  static constexpr size_t x_budget = MatvecCta<tile>::x_budget;
 };
 
 // Copies columns [col0, col0 + chunk_cols) of the t tokens' x into xs,
@@ -512,11 +528,9 @@ __device__ __forceinline__ void compute_unit(const typename Dec::template Raw<R>
   }
 }
 
-template <class Dec, int TT>
-__global__ void __launch_bounds__(32 * MatvecCta<TT>::warps, MatvecCta<TT>::min_ctas)
-    matvec_canon_kernel(MatvecArgs a, int chunk_cols) {
-  constexpr int R = RowsPerWarp<TT>::value;
-  constexpr int kWarps = MatvecCta<TT>::warps;
+template <class Dec, int TT, int R = CanonShape<Dec, TT>::rows, int kWarps = CanonShape<Dec, TT>::warps,
+          int kMinCtas = CanonShape<Dec, TT>::min_ctas>
+__global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_canon_kernel(MatvecArgs a, int chunk_cols) {
   using Raw = typename Dec::template Raw<R>;
   using Lane = typename Dec::template Lane<R>;
   extern __shared__ float4 smem_f4[];
@@ -1040,10 +1054,10 @@ template <class Dec>
 void launch_matvec_tiles(const MatvecArgs& a, cudaStream_t stream) {
   auto go = [&](auto tile) {
     constexpr int TT = decltype(tile)::value;
-    using Cta = MatvecCta<TT>;
-    const MatvecPlan p = plan_matvec(a, Dec::kUnit, RowsPerWarp<TT>::value, Cta::warps, Cta::x_budget);
-    launch_matvec_kernel(reinterpret_cast<const void*>(&matvec_canon_kernel<Dec, TT>), a, p, RowsPerWarp<TT>::value,
-                         Cta::warps, stream);
+    using Shape = CanonShape<Dec, TT>;
+    const MatvecPlan p = plan_matvec(a, Dec::kUnit, Shape::rows, Shape::warps, Shape::x_budget);
+    launch_matvec_kernel(reinterpret_cast<const void*>(&matvec_canon_kernel<Dec, TT>), a, p, Shape::rows,
+                         Shape::warps, stream);
   };
   if constexpr (Dec::kFactors) {
     if (a.t >= kSharedMinTokens && a.t <= SharedTile<kSharedTokenGroups>::tokens && matvec_shared_fits(a)) {
