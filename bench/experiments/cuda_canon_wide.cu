@@ -11,11 +11,13 @@
 //   with -DWITH_ROUTE_PLAN and src/cuda/{matvec,pdl,matvec_q5_k,matvec_q4_k,matvec_q6_k,matvec_q8_0,matvec_float}.cu
 //   it also runs matvec_canon itself (the route's tile plan) against the 4-row kernel.
 //   `/tmp/canon_wide 202048 6656 20 0 small`: the 4-row kernel at t = 1, 2, 4 in other
-//   shapes (rows a warp, warps, CTAs a SM) against CanonShape's, GB/s and bits.
+//   shapes (rows a warp, warps, CTAs a SM) against CanonShape's, GB/s and bits;
+//   `/tmp/canon_wide 262144 640 20 0 small_q80` the same for a Q8_0 weight (t = 1, 8).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "matvec.cuh"
@@ -78,12 +80,12 @@ static void run_old(const MatvecArgs& a) {  // matvec_canon_kernel<DecodeQ5K, 8>
   launch_grid(&matvec_canon_kernel<DecodeQ5K, 8>, 32 * Cta::warps, smem, (int64_t)Cta::warps * R, a, chunk, true);
 }
 
-// matvec_canon_kernel<DecodeQ5K, TT> in another shape (rows a warp, warps, CTAs a SM), for t <= 4
-template <int TT, int R, int W, int C>
+// matvec_canon_kernel<Dec, TT> in another shape (rows a warp, warps, CTAs a SM), for t <= 4
+template <int TT, int R, int W, int C, class Dec = DecodeQ5K>
 static void run_small(const MatvecArgs& a) {
-  const int chunk = (int)((a.cols + 255) / 256 * 256);
+  const int chunk = (int)((a.cols + Dec::kUnit - 1) / Dec::kUnit * Dec::kUnit);
   const size_t smem = (size_t)a.t * 32 * (chunk / 32 + kLanePad) * 4 + (size_t)W * 2 * 32 * ((R + 1) / 2) * 4;
-  launch_grid(&matvec_canon_kernel<DecodeQ5K, TT, R, W, C>, 32 * W, smem, (int64_t)W * R, a, chunk, true);
+  launch_grid(&matvec_canon_kernel<Dec, TT, R, W, C>, 32 * W, smem, (int64_t)W * R, a, chunk, true);
 }
 
 template <int kWarps>
@@ -129,13 +131,17 @@ static void run_tiles(void (*run)(const MatvecArgs&), MatvecArgs a, int t, int t
 int main(int argc, char** argv) {
   const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 202048, cols = argc > 2 ? std::atoll(argv[2]) : 6656;
   const int reps = argc > 3 ? std::atoi(argv[3]) : 10;
-  const int64_t B = sizeof(BlockQ5_K), row_bytes = cols / 256 * B, tiles = (rows + 15) / 16;
+  // argv[5] = small_q80: a Q8_0 weight (the Gemma-3 head: 262144 640), for the small mode
+  const bool q80 = argc > 5 && !std::strcmp(argv[5], "small_q80");
+  const int64_t B = q80 ? sizeof(BlockQ8_0) : sizeof(BlockQ5_K), row_bytes = cols / (q80 ? 32 : 256) * B,
+                tiles = (rows + 15) / 16;
   const size_t wbytes = (size_t)(tiles * 16 * row_bytes) + kWeightPadBytes;
   std::vector<uint8_t> w(wbytes);
   for (auto& b : w) b = (uint8_t)next_u32();
   for (size_t off = 0; off + B <= (size_t)(tiles * 16 * row_bytes); off += B) {  // sane f16 d, dmin: 2^-8 .. 2^-7
     const uint16_t d = (uint16_t)(0x1c00 | (next_u32() & 0x3ff)), dmin = (uint16_t)(0x1c00 | (next_u32() & 0x3ff));
-    std::memcpy(&w[off], &d, 2), std::memcpy(&w[off + 2], &dmin, 2);
+    std::memcpy(&w[off], &d, 2);
+    if (!q80) std::memcpy(&w[off + 2], &dmin, 2);
   }
   const int tmax = 256;
   std::vector<float> x((size_t)tmax * cols);
@@ -151,7 +157,7 @@ int main(int argc, char** argv) {
 
   MatvecArgs a;
   a.rows = rows, a.cols = cols, a.row_bytes = row_bytes, a.ldx = cols, a.ldy = rows;
-  a.type = (uint32_t)GgmlType::Q5_K, a.w = dw, a.x = dx;
+  a.type = (uint32_t)(q80 ? GgmlType::Q8_0 : GgmlType::Q5_K), a.w = dw, a.x = dx;
   const Launch launches[] = {{"old R=4 16 warps", run_old, 8},
                              {"wide R=8 12 warps", run_wide<12>, 8},
                              {"stream 16 tokens", run_stream, 16},
@@ -170,7 +176,7 @@ int main(int argc, char** argv) {
   const char* only = argc > 5 ? argv[5] : nullptr;
   std::vector<int> ts = {8, 12, 16, 17, 24, 32, 41, 64, 256};
   if (argc > 6) ts = {std::atoi(argv[6])};
-  if (only && !std::strcmp(only, "small")) {  // the 4-row kernel's shapes at t = 1, 2, 4 against the tree's (CanonShape)
+  if (only && (!std::strcmp(only, "small") || q80)) {  // the 4-row kernel's shapes at t = 1, 2, 4 against the tree's (CanonShape)
     struct Small {
       int t;
       const char* name;
@@ -179,7 +185,21 @@ int main(int argc, char** argv) {
     using S1 = CanonShape<DecodeQ5K, 1>;
     using S2 = CanonShape<DecodeQ5K, 2>;
     using S4 = CanonShape<DecodeQ5K, 4>;
-    const Small smalls[] = {
+    using Q1 = CanonShape<DecodeQ80, 1>;
+    const Small smalls_q80[] = {
+        {1, "(tree)", run_small<1, Q1::rows, Q1::warps, Q1::min_ctas, DecodeQ80>},
+        {1, "R4 W16 C1", run_small<1, 4, 16, 1, DecodeQ80>},
+        {1, "R4 W8 C2", run_small<1, 4, 8, 2, DecodeQ80>},
+        {1, "R2 W16 C2", run_small<1, 2, 16, 2, DecodeQ80>},
+        {1, "R1 W8 C4", run_small<1, 1, 8, 4, DecodeQ80>},
+        {1, "R1 W16 C2", run_small<1, 1, 16, 2, DecodeQ80>},
+        {1, "R8 W8 C2", run_small<1, 8, 8, 2, DecodeQ80>},
+        {8, "(tree)", run_small<8, CanonShape<DecodeQ80, 8>::rows, CanonShape<DecodeQ80, 8>::warps,
+                                CanonShape<DecodeQ80, 8>::min_ctas, DecodeQ80>},
+        {8, "R8 W8 C1", run_small<8, 8, 8, 1, DecodeQ80>},
+        {8, "R2 W16 C1", run_small<8, 2, 16, 1, DecodeQ80>},
+    };
+    const Small smalls_q5k[] = {
         {1, "(tree)", run_small<1, S1::rows, S1::warps, S1::min_ctas>},
         {1, "R2 W8 C3", run_small<1, 2, 8, 3>},  // the shape before CanonShape
         {1, "R4 W24 C1", run_small<1, 4, 24, 1>},
@@ -189,7 +209,10 @@ int main(int argc, char** argv) {
         {4, "R4 W8 C2", run_small<4, 4, 8, 2>},  // before
     };
     const double weight_bytes = (double)rows * row_bytes;
-    for (const Small& S : smalls) {
+    const Small* smalls = q80 ? smalls_q80 : smalls_q5k;
+    const size_t n_smalls = q80 ? std::size(smalls_q80) : std::size(smalls_q5k);
+    for (size_t si = 0; si < n_smalls; ++si) {
+      const Small& S = smalls[si];
       a.t = S.t;
       const bool ref = std::strstr(S.name, "(tree)") != nullptr;
       a.y = ref ? dy_old : dy_new;
