@@ -42,6 +42,21 @@ def rng():
     return np.random.default_rng(1234)
 
 
+def bits(a) -> np.ndarray:
+    """A float32 array as its uint32 bit patterns (byte equality: NaN payloads and -0 included)."""
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def assert_bitwise(got, want, what: str, backend: str = "got") -> None:
+    """got's float32 bytes equal want's (the CPU's), else the count and the first difference."""
+    g, w = bits(got), bits(want)
+    if not np.array_equal(g, w):
+        diff = np.argwhere(g != w)
+        first = tuple(diff[0])
+        raise AssertionError(f"{what}: {len(diff)} of {g.size} logits differ; first at {first}: "
+                             f"{backend} {np.asarray(got)[first]!r} vs cpu {np.asarray(want)[first]!r}")
+
+
 def hidden_states(rng: np.random.Generator, t: int, h: int) -> np.ndarray:
     """Hidden states with a trained model's spread: mostly small, a few large features."""
     x = rng.standard_normal((t, h)).astype(np.float32)

@@ -32,11 +32,6 @@ def ggml() -> _ggml.GGML:
     return _ggml.lib()
 
 
-def bits(a: np.ndarray) -> np.ndarray:
-    """float32 array as its uint32 bit patterns (byte equality, NaN payloads and -0 included)."""
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-
-
 def describe_block_diff(type_name: str, ours: np.ndarray, theirs: np.ndarray, limit: int = 8) -> str:
     """Name the rows, blocks and fields where two quantizations of the same input differ."""
     size, fields = BLOCK_FIELDS[type_name]

@@ -11,13 +11,9 @@ import pytest
 import muser
 from muser import _core
 
-from conftest import hidden_states
+from conftest import bits, hidden_states
 
 TYPES = ["Q5_K", "Q6_K", "Q4_K", "Q8_0", "F16", "BF16", "F32"]
-
-
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
 def lse_f64(logits: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ from muser import _core
 pytest.importorskip("gguf", reason="the gguf package writes the test heads")
 from muser.fixtures import write_head_gguf  # noqa: E402
 
-from conftest import cuda_skip_reason  # noqa: E402
+from conftest import assert_bitwise, bits, cuda_skip_reason  # noqa: E402
 
 _skip = cuda_skip_reason()
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_skip), reason=_skip or "-")]
@@ -56,19 +56,6 @@ def hidden_states(H: int, t: int, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((t, H), dtype=np.float32) * np.float32(1.5)
 
 
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-
-
-def assert_bitwise(got, want, what: str) -> None:
-    g, w = bits(got), bits(want)
-    if not np.array_equal(g, w):
-        diff = np.argwhere(g != w)
-        first = tuple(diff[0])
-        raise AssertionError(f"{what}: {len(diff)} of {g.size} logits differ; first at {first}: "
-                             f"cuda {np.asarray(got)[first]!r} vs cpu {np.asarray(want)[first]!r}")
-
-
 @pytest.mark.parametrize("weight_type", list(SHAPES))
 def test_canonical_bitwise_equal_to_cpu(head_file, weight_type):
     path = head_file(weight_type)
@@ -76,7 +63,7 @@ def test_canonical_bitwise_equal_to_cpu(head_file, weight_type):
     gpu = muser.Head.load(path, device="cuda", route="canonical")
     for t in (1, 3, 8, 64):
         x = hidden_states(SHAPES[weight_type], t, seed=t)
-        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}")
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}", "cuda")
 
 
 @pytest.mark.parametrize("route", ("graph", "fused", "reference"))
@@ -88,7 +75,7 @@ def test_pre_epilogue_logits_bitwise_equal_to_cpu(head_file, weight_type, route)
     cpu = muser.Head.load(path, device="cpu", route=route, softcap=None, logit_scale=None)
     gpu = muser.Head.load(path, device="cuda", route=route, softcap=None, logit_scale=None)
     x = hidden_states(SHAPES[weight_type], 5, seed=11)
-    assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} {route} without epilogue")
+    assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} {route} without epilogue", "cuda")
 
 
 @pytest.mark.parametrize("route", ("graph", "fused", "reference"))
@@ -110,7 +97,7 @@ def test_batch_rows_equal_single_steps(head_file, route):
     x = hidden_states(SHAPES["Q5_K"], 9, seed=5)
     batch = gpu(x).copy()
     for r in range(x.shape[0]):
-        assert_bitwise(gpu(x[r]), batch[r], f"{route} row {r} alone vs in a batch of 9")
+        assert_bitwise(gpu(x[r]), batch[r], f"{route} row {r} alone vs in a batch of 9", "cuda")
 
 
 def test_host_logits_are_a_pinned_zero_copy_view(head_file):
@@ -121,7 +108,7 @@ def test_host_logits_are_a_pinned_zero_copy_view(head_file):
     first = a.copy()
     del gpu
     gc.collect()
-    assert_bitwise(a, first, "host view after the head is gone")
+    assert_bitwise(a, first, "host view after the head is gone", "cuda")
 
 
 def test_on_device_logits_zero_copy_torch(head_file):
@@ -135,12 +122,12 @@ def test_on_device_logits_zero_copy_torch(head_file):
     t_dl = torch.from_dlpack(dev)
     t_cai = torch.as_tensor(dev, device="cuda")
     assert t_dl.is_cuda and t_dl.data_ptr() == dev.data_ptr == t_cai.data_ptr()  # no copy
-    assert_bitwise(t_dl.cpu().numpy(), host, "torch.from_dlpack(device logits)")
+    assert_bitwise(t_dl.cpu().numpy(), host, "torch.from_dlpack(device logits)", "cuda")
     del gpu, dev, t_cai
     gc.collect()
     torch.cuda.synchronize()
     # the tensor owns the head's device buffer: still valid without the head
-    assert_bitwise(t_dl.cpu().numpy(), host, "device logits after the head is gone")
+    assert_bitwise(t_dl.cpu().numpy(), host, "device logits after the head is gone", "cuda")
 
 
 def test_on_device_logits_zero_copy_cupy(head_file):
@@ -153,11 +140,11 @@ def test_on_device_logits_zero_copy_cupy(head_file):
     a = cp.asarray(dev)
     b = cp.from_dlpack(dev)
     assert a.data.ptr == b.data.ptr == dev.data_ptr
-    assert_bitwise(cp.asnumpy(a), host, "cupy.asarray(device logits)")
-    assert_bitwise(dev.get(), host, "DeviceArray.get()")
+    assert_bitwise(cp.asnumpy(a), host, "cupy.asarray(device logits)", "cuda")
+    assert_bitwise(dev.get(), host, "DeviceArray.get()", "cuda")
     del gpu, dev
     gc.collect()
-    assert_bitwise(cp.asnumpy(b), host, "cupy view after the head is gone")
+    assert_bitwise(cp.asnumpy(b), host, "cupy view after the head is gone", "cuda")
 
 
 def test_device_hidden_states(head_file):
@@ -166,11 +153,11 @@ def test_device_hidden_states(head_file):
     gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route="canonical")
     x = hidden_states(SHAPES["Q5_K"], 3)
     want = gpu(x).copy()
-    assert_bitwise(gpu(torch.from_numpy(x).cuda()), want, "torch hidden -> host logits")
-    assert_bitwise(gpu(cp.asarray(x)), want, "cupy hidden -> host logits")
+    assert_bitwise(gpu(torch.from_numpy(x).cuda()), want, "torch hidden -> host logits", "cuda")
+    assert_bitwise(gpu(cp.asarray(x)), want, "cupy hidden -> host logits", "cuda")
     dev = gpu(torch.from_numpy(x).cuda(), on_device=True)
-    assert_bitwise(dev.get(), want, "torch hidden -> device logits")
-    assert_bitwise(gpu(torch.from_numpy(x[1]).cuda()), want[1], "one device hidden state")
+    assert_bitwise(dev.get(), want, "torch hidden -> device logits", "cuda")
+    assert_bitwise(gpu(torch.from_numpy(x[1]).cuda()), want[1], "one device hidden state", "cuda")
     with pytest.raises(TypeError):
         gpu(torch.zeros((1, SHAPES["Q5_K"]), dtype=torch.float16, device="cuda"))
     with pytest.raises(ValueError):
@@ -201,7 +188,7 @@ def test_topk_and_argmax_on_device(head_file, route):
         vals, ids, _ = gpu.topk(x, k)
         want_ids, want_vals = _core.topk_rows(logits, k)
         assert np.array_equal(ids, np.asarray(want_ids).reshape(6, k)), f"k={k}"
-        assert_bitwise(vals, np.asarray(want_vals, dtype=np.float32).reshape(6, k), f"top-{k} values")
+        assert_bitwise(vals, np.asarray(want_vals, dtype=np.float32).reshape(6, k), f"top-{k} values", "cuda")
     assert np.array_equal(gpu.argmax(x), np.argmax(logits, axis=1))
     assert gpu.argmax(x[4]) == int(np.argmax(logits[4]))
     vals, ids, _ = gpu.topk(x[0], 3)
@@ -260,7 +247,7 @@ def test_q8_bitwise_equal_to_cpu(head_file, weight_type):
     gpu = muser.Head.load(path, device="cuda", route="canonical", acts="q8")
     for t in (1, 3, 8, 9, 17, 64, 70):
         x = hidden_states(SHAPES[weight_type], t, seed=100 + t)
-        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 t={t}")
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 t={t}", "cuda")
 
 
 @pytest.mark.parametrize("weight_type", ("Q5_K", "Q8_0", "Q6_K"))
@@ -272,7 +259,7 @@ def test_q8_bitwise_equal_to_cpu_when_columns_are_staged_in_chunks(heads_dir, we
     gpu = muser.Head.load(path, device="cuda", route="graph", acts="q8", softcap=None, logit_scale=None)
     for t in (64, 20):
         x = hidden_states(4096, t, seed=t)
-        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 wide t={t}")
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 wide t={t}", "cuda")
 
 
 @pytest.mark.parametrize("weight_type,hidden,t", [("Q5_K", 16384, 8), ("Q8_0", 16384, 7), ("Q5_K", 98304, 1)])
@@ -285,7 +272,7 @@ def test_q8_staged_kernel_bitwise_equal_to_cpu_with_column_chunks(heads_dir, wei
     cpu = muser.Head.load(path, device="cpu", route="graph", acts="q8", softcap=None, logit_scale=None)
     gpu = muser.Head.load(path, device="cuda", route="graph", acts="q8", softcap=None, logit_scale=None)
     x = hidden_states(hidden, t, seed=hidden + t)
-    assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 staged H={hidden} t={t}")
+    assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 staged H={hidden} t={t}", "cuda")
 
 
 @pytest.mark.parametrize("route", ("graph", "fused", "reference"))
@@ -294,7 +281,7 @@ def test_q8_pre_epilogue_logits_bitwise_equal_to_cpu(head_file, route):
     cpu = muser.Head.load(path, device="cpu", route=route, acts="q8", softcap=None, logit_scale=None)
     gpu = muser.Head.load(path, device="cuda", route=route, acts="q8", softcap=None, logit_scale=None)
     x = hidden_states(SHAPES["Q5_K"], 5, seed=13)
-    assert_bitwise(gpu(x), cpu(x).copy(), f"Q5_K q8 {route} without epilogue")
+    assert_bitwise(gpu(x), cpu(x).copy(), f"Q5_K q8 {route} without epilogue", "cuda")
 
 
 @pytest.mark.parametrize("weight_type", Q8_TYPES)
@@ -303,9 +290,9 @@ def test_q8_batch_rows_equal_single_steps(head_file, weight_type):
     x = hidden_states(SHAPES[weight_type], 11, seed=6)
     batch = gpu(x).copy()
     for r in range(x.shape[0]):
-        assert_bitwise(gpu(x[r]), batch[r], f"{weight_type} q8 row {r} alone vs in a batch of 11")
+        assert_bitwise(gpu(x[r]), batch[r], f"{weight_type} q8 row {r} alone vs in a batch of 11", "cuda")
     again = gpu(x).copy()
-    assert_bitwise(again, batch, f"{weight_type} q8 run twice")
+    assert_bitwise(again, batch, f"{weight_type} q8 run twice", "cuda")
 
 
 # max |q8 - f32| of the canonical logits on these heads and inputs (|logit| <= 0.64), measured
@@ -369,7 +356,7 @@ def test_cuda_plans_only_the_fusions_it_has_kernels_for(head_file, route, acts):
     assert apart.steps == [(label,) for label in labels]
     for t in (1, 3, 20):
         x = hidden_states(SHAPES["Q5_K"], t, seed=61 + t)
-        assert_bitwise(gpu(x), apart(x), f"{route}/{acts} t={t}")
+        assert_bitwise(gpu(x), apart(x), f"{route}/{acts} t={t}", "cuda")
 
 
 # ---- how a call runs: the route as one cached CUDA graph with programmatic dependent launches ----
@@ -388,7 +375,7 @@ def test_call_graph_equals_node_by_node_run(head_file, route, acts):
     gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts=acts)
     for t in (1, 3, 1, 8, 8, 3):
         x = hidden_states(SHAPES["Q5_K"], t, seed=40 + t)
-        assert_bitwise(_run_logits(gpu, x, False), _run_logits(gpu, x, True), f"{route} {acts} t={t}")
+        assert_bitwise(_run_logits(gpu, x, False), _run_logits(gpu, x, True), f"{route} {acts} t={t}", "cuda")
 
 
 def test_route_seconds_times_the_call_graph(head_file):
@@ -399,7 +386,7 @@ def test_route_seconds_times_the_call_graph(head_file):
     before = gpu(x).copy()
     seconds = _cuda.route_seconds(gpu, x, 4)
     assert len(seconds) == 4 and all(0 < s < 1 for s in seconds)
-    assert_bitwise(gpu(x), before, "a call after route_seconds")
+    assert_bitwise(gpu(x), before, "a call after route_seconds", "cuda")
     with pytest.raises(ValueError, match="reps"):
         _cuda.route_seconds(gpu, x, 0)
 
@@ -425,7 +412,7 @@ def test_weight_larger_than_the_upload_staging_buffer(heads_dir):
     cpu = muser.Head.load(path, device="cpu", route="canonical")
     gpu = muser.Head.load(path, device="cuda", route="canonical")
     x = hidden_states(4096, 2, seed=22)
-    assert_bitwise(gpu(x), cpu(x).copy(), "Q4_K 30,011 x 4,096 canonical")
+    assert_bitwise(gpu(x), cpu(x).copy(), "Q4_K 30,011 x 4,096 canonical", "cuda")
 
 
 @pytest.mark.parametrize("acts", ("f32", "q8"))
@@ -437,9 +424,10 @@ def test_device_hidden_states_at_changing_addresses(head_file, acts):
     xs = [hidden_states(SHAPES["Q5_K"], 2, seed=60 + i) for i in range(3)]
     held = [torch.from_numpy(x).cuda() for x in xs]  # three live buffers: three addresses
     for i in (0, 1, 2, 1, 0, 2):
-        assert_bitwise(gpu(held[i]), cpu(xs[i]).copy(), f"{acts} device buffer {i}")
+        assert_bitwise(gpu(held[i]), cpu(xs[i]).copy(), f"{acts} device buffer {i}", "cuda")
     for i in range(3):  # a fresh tensor per call, as a model loop might hand over
-        assert_bitwise(gpu(torch.from_numpy(xs[i]).cuda()[:1]), cpu(xs[i][:1]).copy(), f"{acts} fresh tensor {i}")
+        assert_bitwise(gpu(torch.from_numpy(xs[i]).cuda()[:1]), cpu(xs[i][:1]).copy(), f"{acts} fresh tensor {i}",
+                       "cuda")
 
 
 @pytest.mark.parametrize("route", ("canonical", "graph"))
@@ -452,7 +440,7 @@ def test_layer_norm_head_bitwise_equal_to_cpu(heads_dir, route):
     assert gpu.spec.norm == "layer"
     for t in (1, 3):
         x = hidden_states(1280, t, seed=70 + t) + np.float32(0.75)  # a mean away from zero
-        assert_bitwise(gpu(x), cpu(x).copy(), f"command-r {route} t={t}")
+        assert_bitwise(gpu(x), cpu(x).copy(), f"command-r {route} t={t}", "cuda")
 
 
 # RMSNorm + γ + the activation quantizer are one kernel on q8 routes (rms_norm_gamma_q8): a token's
@@ -471,9 +459,9 @@ def test_norm_gamma_quantizer_kernel_on_long_rows(heads_dir, route, hidden):
     for t in (1, 3):
         x = hidden_states(hidden, t, seed=90 + t)
         got = gpu(x).copy()
-        assert_bitwise(got, apart(x).copy(), f"{route} t={t}: fused prologue against the nodes apart")
+        assert_bitwise(got, apart(x).copy(), f"{route} t={t}: fused prologue against the nodes apart", "cuda")
         if cpu is not None:
-            assert_bitwise(got, cpu(x).copy(), f"{route} t={t}")
+            assert_bitwise(got, cpu(x).copy(), f"{route} t={t}", "cuda")
 
 
 @pytest.mark.parametrize("weight_type", ("Q8_0", "Q6_K"))
@@ -487,7 +475,7 @@ def test_norm_gamma_quantizer_kernel_reads_an_unaligned_hidden_state_in_place(he
     buf[1:] = torch.from_numpy(x).cuda()
     view = buf[1:]  # 4 bytes past a 16-byte boundary
     assert view.data_ptr() % 16 == 4
-    assert_bitwise(gpu(view), cpu(x).copy(), f"{weight_type} unaligned device hidden state")
+    assert_bitwise(gpu(view), cpu(x).copy(), f"{weight_type} unaligned device hidden state", "cuda")
 
 
 # ---------------------------------------------------------------- reliability on the GPU
@@ -500,10 +488,10 @@ def test_held_device_and_host_results_are_never_overwritten(head_file):
     host0 = gpu(x[0])
     held = [gpu(x[1], on_device=True) for _ in range(6)]  # more than the pool: one-off buffers too
     assert len({d.data_ptr for d in held + [dev0]}) == 7
-    assert_bitwise(dev0.get(), want[0], "device view after later calls")
-    assert_bitwise(host0, want[0], "host view after later calls")
+    assert_bitwise(dev0.get(), want[0], "device view after later calls", "cuda")
+    assert_bitwise(host0, want[0], "host view after later calls", "cuda")
     for d in held:
-        assert_bitwise(d.get(), want[1], "each held device result")
+        assert_bitwise(d.get(), want[1], "each held device result", "cuda")
     addresses = {gpu(x[0], on_device=True).data_ptr for _ in range(10)}  # dropped at once: reused
     assert len(addresses) == 1
 
@@ -601,7 +589,7 @@ def test_q8_bitwise_equal_to_cpu_at_every_batch_size(head_file, weight_type):
     gpu = muser.Head.load(path, device="cuda", route="canonical", acts="q8")
     for t in BATCH_TOKENS:
         x = hidden_states(SHAPES[weight_type], t, seed=300 + t)
-        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 t={t}")
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 t={t}", "cuda")
 
 
 @pytest.mark.parametrize("weight_type", list(SHAPES))
@@ -611,7 +599,7 @@ def test_canonical_bitwise_equal_to_cpu_at_every_batch_size(head_file, weight_ty
     gpu = muser.Head.load(path, device="cuda", route="canonical")
     for t in BATCH_TOKENS:
         x = hidden_states(SHAPES[weight_type], t, seed=400 + t)
-        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}")
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}", "cuda")
 
 
 # the wide kernel (Q4_K/Q5_K: 8 rows x 8 token slots per warp): t = 6, 7 leave slots
@@ -627,7 +615,7 @@ def test_canonical_wide_and_shared_decode_kernels_bitwise_equal_to_cpu(head_file
     gpu = muser.Head.load(path, device="cuda", route="canonical")
     for t in (5, 6, 7, 9, 13, 17, 31, 32, 48, 63, 65, 130):
         x = hidden_states(SHAPES[weight_type], t, seed=700 + t)
-        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}")
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}", "cuda")
 
 
 # the seed's hidden size (6,656: q8 batches of 17..32 tokens of Q4_K/Q5_K/Q8_0 do not fit in
@@ -661,9 +649,9 @@ def test_wide_heads_bitwise_equal_to_cpu_and_rows_equal_single_steps(wide_head, 
     for t in (2, 16, 17, 64, 100, 256) if acts == "q8" else (2, 9, 33, 100):
         x = hidden_states(hidden, t, seed=500 + t)
         batch = gpu(x).copy()
-        assert_bitwise(batch, cpu(x).copy(), f"{name} {acts} t={t}")
+        assert_bitwise(batch, cpu(x).copy(), f"{name} {acts} t={t}", "cuda")
         for r in sorted({0, 7, 8, 15, 16, 63, t - 1} & set(range(t))):
-            assert_bitwise(gpu(x[r]), batch[r], f"{name} {acts} row {r} alone vs in a batch of {t}")
+            assert_bitwise(gpu(x[r]), batch[r], f"{name} {acts} row {r} alone vs in a batch of {t}", "cuda")
 
 
 # more row groups than an H200 has SMs (40,003 rows: 313 groups of 128 over 132 CTAs), so
@@ -679,7 +667,7 @@ def test_q8_batches_of_several_row_groups_per_cta_bitwise_equal_to_cpu(heads_dir
     gpu = muser.Head.load(path, device="cuda", route="canonical", acts="q8")
     for t in (49, 80, 81, 128, 177, 208):
         x = hidden_states(hidden, t, seed=800 + t)
-        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 t={t} over 40,003 rows")
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 t={t} over 40,003 rows", "cuda")
 
 
 @pytest.mark.parametrize("weight_type", ("Q5_K", "Q4_K", "Q6_K", "Q8_0"))
@@ -723,7 +711,7 @@ def test_selection_inside_the_q8_matvec_ranks_as_the_logits_do(heads_dir, weight
             vals, ids, _ = gpu.topk(x, k)
             want_ids, want_vals = _core.topk_rows(logits, k)
             assert np.array_equal(ids, np.asarray(want_ids).reshape(t, k)), f"{weight_type} t={t} top-{k}"
-            assert_bitwise(vals, np.asarray(want_vals, dtype=np.float32).reshape(t, k), f"t={t} top-{k} values")
+            assert_bitwise(vals, np.asarray(want_vals, dtype=np.float32).reshape(t, k), f"t={t} top-{k} values", "cuda")
         if i % 2:
             held.append(gpu(x, on_device=True))  # the next calls take other pooled buffers
 

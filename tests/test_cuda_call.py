@@ -15,7 +15,7 @@ from muser import _core
 pytest.importorskip("gguf", reason="the gguf package writes the test heads")
 from muser.fixtures import write_head_gguf  # noqa: E402
 
-from conftest import cuda_skip_reason  # noqa: E402
+from conftest import bits, cuda_skip_reason  # noqa: E402
 
 _skip = cuda_skip_reason()
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_skip), reason=_skip or "-")]
@@ -36,10 +36,6 @@ def head(path):
 
 def rows(t: int, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((t, H), dtype=np.float32)
-
-
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
 def assert_ranked_like_the_cpu(head, x: np.ndarray, k: int) -> None:

@@ -13,7 +13,7 @@ from muser import _core
 pytest.importorskip("gguf", reason="the gguf package writes the test heads")
 from muser.fixtures import write_head_gguf  # noqa: E402
 
-from conftest import cuda_skip_reason  # noqa: E402
+from conftest import bits, cuda_skip_reason  # noqa: E402
 
 _skip = cuda_skip_reason()
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_skip), reason=_skip or "-")]
@@ -25,10 +25,6 @@ def group_tokens(vocab: int) -> int:
     """Tokens per group of the CUDA score (cuda_device.cpp, score_group_tokens)."""
     fit = SCRATCH // (4 * vocab)
     return fit // 64 * 64 if fit >= 64 else fit // 8 * 8 if fit >= 8 else max(fit, 1)
-
-
-def bits(a) -> np.ndarray:
-    return np.asarray(a, np.float32).view(np.uint32)
 
 
 def hidden_states(H: int, t: int, seed: int = 1) -> np.ndarray:

@@ -10,15 +10,11 @@ import pytest
 
 import muser
 
-from conftest import hidden_states
+from conftest import bits, hidden_states
 
 TYPES = ["Q5_K", "Q6_K", "Q4_K", "Q8_0", "F16", "BF16", "F32"]
 Q8_TYPES = {"Q5_K", "Q6_K", "Q4_K", "Q8_0"}
 ROUTES = ["reference", "graph", "fused", "canonical"]
-
-
-def bits(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a).view(np.uint32)
 
 
 @pytest.mark.parametrize("weight_type", TYPES)

@@ -28,6 +28,8 @@ from muser import _core
 pytest.importorskip("gguf", reason="the gguf package writes the test heads")
 from muser.fixtures import write_head_gguf  # noqa: E402
 
+from conftest import assert_bitwise, bits  # noqa: E402
+
 _info = muser.build_info()
 if not _info["metal"]:
     _skip = "this build of muser has no Metal backend (Apple only, or MUSER_METAL_EMULATOR=ON on Linux)"
@@ -71,19 +73,6 @@ def hidden_states(H: int, t: int, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((t, H), dtype=np.float32) * np.float32(1.5)
 
 
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-
-
-def assert_bitwise(got, want, what: str) -> None:
-    g, w = bits(got), bits(want)
-    if not np.array_equal(g, w):
-        diff = np.argwhere(g != w)
-        first = tuple(diff[0])
-        raise AssertionError(f"{what}: {len(diff)} of {g.size} logits differ; first at {first}: "
-                             f"metal {np.asarray(got)[first]!r} vs cpu {np.asarray(want)[first]!r}")
-
-
 @pytest.mark.parametrize("weight_type", list(SHAPES))
 def test_canonical_bitwise_equal_to_cpu(head_file, weight_type):
     path = head_file(weight_type)
@@ -91,7 +80,7 @@ def test_canonical_bitwise_equal_to_cpu(head_file, weight_type):
     gpu = muser.Head.load(path, device="metal", route="canonical")
     for t in (1, 3, 8, 64):
         x = hidden_states(SHAPES[weight_type], t, seed=t)
-        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}")
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}", "metal")
 
 
 @pytest.mark.parametrize("weight_type", Q8_TYPES)
@@ -101,7 +90,7 @@ def test_canonical_q8_bitwise_equal_to_cpu(head_file, weight_type):
     gpu = muser.Head.load(path, device="metal", route="canonical", acts="q8")
     for t in (1, 3, 8, 64):
         x = hidden_states(SHAPES[weight_type], t, seed=t)
-        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical q8 t={t}")
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical q8 t={t}", "metal")
 
 
 @pytest.mark.parametrize("acts", ("f32", "q8"))
@@ -127,7 +116,7 @@ def test_batch_rows_equal_single_steps(head_file, route):
     x = hidden_states(SHAPES["Q5_K"], 5, seed=5)
     batch = gpu(x).copy()
     for r in range(x.shape[0]):
-        assert_bitwise(gpu(x[r]), batch[r], f"{route} row {r} alone vs in a batch of 5")
+        assert_bitwise(gpu(x[r]), batch[r], f"{route} row {r} alone vs in a batch of 5", "metal")
 
 
 def test_unfused_route_equals_fused(head_file):
@@ -136,7 +125,7 @@ def test_unfused_route_equals_fused(head_file):
     a = muser.Head.load(path, device="metal", route="canonical")
     b = muser.Head.load(path, device="metal", route="canonical", fuse=False)
     x = hidden_states(SHAPES["Q6_K"], 3)
-    assert_bitwise(a(x), b(x), "fused norm+gamma vs separate nodes")
+    assert_bitwise(a(x), b(x), "fused norm+gamma vs separate nodes", "metal")
 
 
 def test_logits_view_is_the_buffer_contents_and_outlives_the_head(head_file):
@@ -150,7 +139,7 @@ def test_logits_view_is_the_buffer_contents_and_outlives_the_head(head_file):
     del gpu
     gc.collect()
     assert _core._metal_test_buffer_length_at(address) >= a.nbytes  # the view keeps the buffer
-    assert_bitwise(a, first, "host view after the head is gone")
+    assert_bitwise(a, first, "host view after the head is gone", "metal")
     del a
     gc.collect()
     assert _core._metal_test_buffer_length_at(address) == 0  # released with its last owner
@@ -163,7 +152,7 @@ def test_weight_split_into_views(head_file):
     gpu = muser.Head.load(path, device="metal", route="canonical")
     assert _core._metal_test_stats()["weight_views"] > 1
     x = hidden_states(SHAPES["Q4_K"], 3)
-    assert_bitwise(gpu(x), cpu(x).copy(), "weight in several views")
+    assert_bitwise(gpu(x), cpu(x).copy(), "weight in several views", "metal")
 
 
 @pytest.mark.skipif(not EMULATED, reason="sets the emulated device's page size")
@@ -178,7 +167,7 @@ def test_weights_wrapped_without_a_copy(head_file, mmap):
     gpu = muser.Head.load(path, device="metal", route="canonical", mmap=mmap)
     assert _core._metal_test_stats()["weights_no_copy"]  # newBufferWithBytesNoCopy on the GGUF's pages
     x = hidden_states(SHAPES["Q6_K"], 3)
-    assert_bitwise(gpu(x), cpu(x).copy(), "weights read in place")
+    assert_bitwise(gpu(x), cpu(x).copy(), "weights read in place", "metal")
 
 
 @pytest.mark.parametrize("k", (1, 5, 600))
@@ -191,7 +180,7 @@ def test_topk_on_device_equals_cpu(head_file, k):
     vals, ids, _ = gpu.topk(x, min(k, VOCAB))
     want_vals, want_ids, _ = cpu.topk(x, min(k, VOCAB))
     np.testing.assert_array_equal(ids, want_ids)
-    assert_bitwise(vals, want_vals, f"top-{k} values")
+    assert_bitwise(vals, want_vals, f"top-{k} values", "metal")
     np.testing.assert_array_equal(gpu.argmax(x), cpu.argmax(x))
 
 
@@ -204,11 +193,11 @@ def test_consumer_reductions_on_metal_equal_cpu_on_the_canonical_route(head_file
     x = hidden_states(SHAPES["Q5_K"], 4, seed=3)
     ids = np.array([[0, 5, VOCAB - 1]] * 4)
     want, got = cpu.score(x, ids), gpu.score(x, ids)
-    assert_bitwise(got.logprobs, want.logprobs, "score logprobs")
-    assert_bitwise(got.logsumexp, want.logsumexp, "logsumexp")
+    assert_bitwise(got.logprobs, want.logprobs, "score logprobs", "metal")
+    assert_bitwise(got.logsumexp, want.logsumexp, "logsumexp", "metal")
     np.testing.assert_array_equal(got.ranks, want.ranks)
-    assert_bitwise(gpu.logsumexp(x), want.logsumexp, "logsumexp")
-    assert_bitwise(gpu.log_softmax(x), cpu.log_softmax(x), "log_softmax")
+    assert_bitwise(gpu.logsumexp(x), want.logsumexp, "logsumexp", "metal")
+    assert_bitwise(gpu.log_softmax(x), cpu.log_softmax(x), "log_softmax", "metal")
 
 
 def test_score_and_log_softmax_reduce_on_metal_over_several_tiles_with_ties(tmp_path):
@@ -230,21 +219,21 @@ def test_score_and_log_softmax_reduce_on_metal_over_several_tiles_with_ties(tmp_
     want, got = cpu.score(x, ids), gpu.score(x, ids)
     assert _core._metal_test_stats()["pipelines_built"] > built  # the reductions' kernels ran
     for field in ("logprobs", "logits", "logsumexp"):
-        assert_bitwise(getattr(got, field), getattr(want, field), field)
+        assert_bitwise(getattr(got, field), getattr(want, field), field, "metal")
     np.testing.assert_array_equal(got.ranks, want.ranks)
     assert len(set(got.ranks[0, :4].tolist())) == 4  # tied, ranked by id
-    assert_bitwise(gpu.logsumexp(x[1]), want.logsumexp[1], "one row")
-    assert_bitwise(gpu.score(x[2], 2100).logprobs, want.logprobs[2, 1], "one row, one id")
+    assert_bitwise(gpu.logsumexp(x[1]), want.logsumexp[1], "one row", "metal")
+    assert_bitwise(gpu.score(x[2], 2100).logprobs, want.logprobs[2, 1], "one row, one id", "metal")
     # log_softmax subtracts on the device in the head's own buffer (one more pipeline), and
     # on the host in a caller's out= array: the same bits either way
     built = _core._metal_test_stats()["pipelines_built"]
     want_lsm = cpu.log_softmax(x)
-    assert_bitwise(gpu.log_softmax(x), want_lsm, "log_softmax")
+    assert_bitwise(gpu.log_softmax(x), want_lsm, "log_softmax", "metal")
     assert _core._metal_test_stats()["pipelines_built"] == built + 1
     out = np.empty((48, vocab), np.float32)
     assert gpu.log_softmax(x, out=out) is out
-    assert_bitwise(out, want_lsm, "log_softmax into out=")
-    assert_bitwise(gpu.log_softmax(x[5]), want_lsm[5], "log_softmax of one row")
+    assert_bitwise(out, want_lsm, "log_softmax into out=", "metal")
+    assert_bitwise(gpu.log_softmax(x[5]), want_lsm[5], "log_softmax of one row", "metal")
 
 
 # every path of sample.metal (greedy; the race over every finite z; top_k's cut from the k
@@ -326,12 +315,12 @@ def test_sample_on_metal_equals_host_sampling_of_its_logits(tiles_head, setting)
     want = _sampling.sample_logits(np.array(gpu(x)), False, params, pos.astype(np.uint64))
     np.testing.assert_array_equal(got.tokens, want.tokens)
     for field in ("logprobs", "processed_logprobs", "kept_mass"):
-        assert_bitwise(getattr(got, field), getattr(want, field), field)
+        assert_bitwise(getattr(got, field), getattr(want, field), field, "metal")
     one = gpu.sample(x[2], seed=99, positions=42, **kw)
     assert one.tokens == got.tokens[2] and isinstance(one.tokens, int)
     cpu = muser.Head.load(path, device="cpu", route="canonical").sample(x, seed=99, positions=pos, **kw)
     np.testing.assert_array_equal(got.tokens, cpu.tokens)
-    assert_bitwise(got.processed_logprobs, cpu.processed_logprobs, "processed_logprobs against the CPU head")
+    assert_bitwise(got.processed_logprobs, cpu.processed_logprobs, "processed_logprobs against the CPU head", "metal")
 
 
 def test_sample_on_metal_names_a_non_finite_row_as_the_host_does(tiles_head):
@@ -452,7 +441,7 @@ def test_before_macos_15_safe_math_through_fast_math_off(head_file):
     cpu = muser.Head.load(path, device="cpu", route="canonical")
     gpu = muser.Head.load(path, device="metal", route="canonical")
     x = hidden_states(SHAPES["Q5_K"], 3)
-    assert_bitwise(gpu(x), cpu(x).copy(), "canonical on the pre-macOS-15 path")
+    assert_bitwise(gpu(x), cpu(x).copy(), "canonical on the pre-macOS-15 path", "metal")
 
 
 # ---- route="pinned" on Metal: ggml-metal's own kernels through libggml ----

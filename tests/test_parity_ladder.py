@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import muser
+from conftest import bits
 from ggml_oracle import (
     activation_error_bound,
-    bits,
     describe_block_diff,
     ggml,
     graph_epilogue,

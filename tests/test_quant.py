@@ -17,6 +17,8 @@ from gguf import GGMLQuantizationType as GT  # noqa: E402
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 from gguf.quants import quantize as gguf_quantize  # noqa: E402
 
+from conftest import bits  # noqa: E402
+
 # type -> (elements per block, bytes per block, byte offsets of f16 scale fields)
 BLOCKS = {
     "Q8_0": (32, 34, (0,)),
@@ -28,10 +30,6 @@ BLOCKS = {
     "BF16": (1, 2, ()),
 }
 BLOCK_COUNTS = (1, 2, 3, 7, 26)
-
-
-def bits(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
 def random_scales(rng: np.random.Generator, n: int) -> np.ndarray:

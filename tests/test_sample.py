@@ -14,7 +14,7 @@ import pytest
 import muser
 from muser import _core
 
-from conftest import hidden_states
+from conftest import bits, hidden_states
 
 M32 = np.uint64(0xFFFFFFFF)
 # Random123 tests/kat_vectors, the three "philox4x32 10" lines: counter, key, output
@@ -24,10 +24,6 @@ KAT = [
     ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
      (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
 ]
-
-
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
 def philox_np(c, k):

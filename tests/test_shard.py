@@ -15,7 +15,7 @@ import muser
 from muser import _core, shard
 from muser.shard import LocalGroup
 
-from conftest import cuda_skip_reason, hidden_states
+from conftest import bits, cuda_skip_reason, hidden_states
 
 TYPES = ["Q5_K", "Q6_K", "Q4_K", "Q8_0", "F16", "BF16", "F32"]
 ROUTES = ["reference", "fused", "graph", "canonical"]
@@ -27,10 +27,6 @@ SAMPLINGS = [
     dict(temperature=1.3, top_k=300, top_p=0.8, min_p=0.02),
     dict(temperature=1.0, min_p=0.05),
 ]
-
-
-def bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
 def same(a, b) -> bool:
