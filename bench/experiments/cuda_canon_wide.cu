@@ -128,6 +128,30 @@ static void run_tiles(void (*run)(const MatvecArgs&), MatvecArgs a, int t, int t
   }
 }
 
+// How many of the first n floats differ from want's in their bytes.
+static size_t differing(const std::vector<float>& got, const std::vector<float>& want, size_t n) {
+  size_t diff = 0;
+  for (size_t i = 0; i < n; ++i) diff += std::memcmp(&got[i], &want[i], 4) != 0;
+  return diff;
+}
+
+// The median of n runs of run() between two CUDA events, in microseconds.
+template <class F>
+static double median_us(int n, cudaEvent_t e0, cudaEvent_t e1, F run) {
+  std::vector<float> ms;
+  for (int i = 0; i < n; ++i) {
+    CK(cudaEventRecord(e0));
+    run();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float m = 0;
+    CK(cudaEventElapsedTime(&m, e0, e1));
+    ms.push_back(m);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1e3;
+}
+
 int main(int argc, char** argv) {
   const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 202048, cols = argc > 2 ? std::atoll(argv[2]) : 6656;
   const int reps = argc > 3 ? std::atoi(argv[3]) : 10;
@@ -220,21 +244,8 @@ int main(int argc, char** argv) {
       S.run(a);
       CK(cudaDeviceSynchronize());
       CK(cudaMemcpy(ref ? want.data() : got.data(), a.y, (size_t)S.t * rows * 4, cudaMemcpyDeviceToHost));
-      size_t diff = 0;
-      if (!ref)
-        for (size_t i = 0; i < (size_t)S.t * rows; ++i) diff += std::memcmp(&got[i], &want[i], 4) != 0;
-      std::vector<float> ms;
-      for (int i = 0; i < reps; ++i) {
-        CK(cudaEventRecord(e0));
-        S.run(a);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float m = 0;
-        CK(cudaEventElapsedTime(&m, e0, e1));
-        ms.push_back(m);
-      }
-      std::sort(ms.begin(), ms.end());
-      const double us = ms[ms.size() / 2] * 1e3;
+      const size_t diff = ref ? 0 : differing(got, want, (size_t)S.t * rows);
+      const double us = median_us(reps, e0, e1, [&] { S.run(a); });
       std::printf("t=%d %-16s %8.1f us  %6.0f GB/s  bits differing from the tree's shape: %zu\n", S.t, S.name, us,
                   weight_bytes / us * 1e-3, diff);
     }
@@ -252,21 +263,9 @@ int main(int argc, char** argv) {
       run_tiles(L.run, a, t, L.tile);
       CK(cudaDeviceSynchronize());
       CK(cudaMemcpy(got.data(), dy_new, (size_t)t * rows * 4, cudaMemcpyDeviceToHost));
-      size_t diff = 0;
-      for (size_t i = 0; i < (size_t)t * rows; ++i) diff += std::memcmp(&got[i], &want[i], 4) != 0;
+      const size_t diff = differing(got, want, (size_t)t * rows);
       const int n = t >= 64 ? std::max(3, reps / 3) : reps;
-      std::vector<float> ms;
-      for (int i = 0; i < n; ++i) {
-        CK(cudaEventRecord(e0));
-        run_tiles(L.run, a, t, L.tile);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float m = 0;
-        CK(cudaEventElapsedTime(&m, e0, e1));
-        ms.push_back(m);
-      }
-      std::sort(ms.begin(), ms.end());
-      const double us = ms[ms.size() / 2] * 1e3;
+      const double us = median_us(n, e0, e1, [&] { run_tiles(L.run, a, t, L.tile); });
       std::printf("t=%3d %-18s %10.1f us  %5.2f x FMA bound (%8.1f us)  bits differing from old: %zu\n", t, L.name,
                   us, us * 1e-6 / bound, bound * 1e6, diff);
     }
