@@ -186,6 +186,20 @@ __device__ __forceinline__ void read_factors(const float* scratch, int r, float 
 
 // Q5_K (kHigh) and Q4_K, repacked (device_layout.h): one 32-bit word of qs'
 // per lane and block (byte c: sub-blocks 2c, 2c+1), plus its qh' byte for Q5_K.
+// A lane's quants of one Q4_K/Q5_K block as two words: q of sub-block 2c is byte c
+// of qe, of sub-block 2c+1 byte c of qo (qs: the lane's qs' word; qh: its qh' byte,
+// Q5_K only). For Q5_K the multiply spreads qh' bit c to bit 8c+4 (no carries:
+// see device_layout.h).
+template <bool kHigh>
+__device__ __forceinline__ void kquant_lane_quants(uint32_t qs, uint32_t qh, uint32_t& qe, uint32_t& qo) {
+  if constexpr (kHigh) {
+    qe = (qs & 0x0f0f0f0fu) | (((qh & 0xfu) * 0x02040810u) & 0x10101010u);
+    qo = ((qs >> 4) & 0x0f0f0f0fu) | (((qh >> 4) * 0x02040810u) & 0x10101010u);
+  } else {
+    qe = qs & 0x0f0f0f0fu, qo = (qs >> 4) & 0x0f0f0f0fu;
+  }
+}
+
 template <bool kHigh>
 struct DecodeKQuant {
   static constexpr bool kHighBits = kHigh;  // Q5_K's fifth bits (named for the wide kernel's dispatch)
@@ -241,16 +255,8 @@ struct DecodeKQuant {
     for (int r = 0; r < R; ++r) {
       float d1[8], m1[8];
       read_factors(scratch, r, d1, m1);
-      // q of sub-block 2c is byte c of qe, of sub-block 2c+1 byte c of qo; for
-      // Q5_K the multiply spreads qh' bit c to bit 8c+4 (no carries: see device_layout.h)
       uint32_t qe, qo;
-      if constexpr (kHigh) {
-        const uint32_t qs = raw.qs[r], qh = raw.qh[r];
-        qe = (qs & 0x0f0f0f0fu) | (((qh & 0xfu) * 0x02040810u) & 0x10101010u);
-        qo = ((qs >> 4) & 0x0f0f0f0fu) | (((qh >> 4) * 0x02040810u) & 0x10101010u);
-      } else {
-        qe = raw.qs[r] & 0x0f0f0f0fu, qo = (raw.qs[r] >> 4) & 0x0f0f0f0fu;
-      }
+      kquant_lane_quants<kHigh>(raw.qs[r], kHigh ? raw.qh[r] : 0u, qe, qo);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         w[r][2 * c] = fmaf(d1[2 * c], byte_as_float(qe, c, fl.exponent), -m1[2 * c]);
@@ -684,15 +690,13 @@ struct WideRows {
     uint32_t qe[R], qo[R];  // as DecodeKQuant::decode
 #pragma unroll
     for (int r = 0; r < R; ++r) {
+      uint32_t qh = 0;
       if constexpr (kHigh) {
         // this lane's qh' byte of row r: byte lane%4 of word (r%4)*8 + lane/4 of half r/4
         const uint32_t word = __shfl_sync(0xffffffffu, raw.qh[r / 4], (r % 4) * 8 + (lane >> 2));
-        const uint32_t qs = raw.qs[r], qh = __byte_perm(word, 0u, qh_sel);
-        qe[r] = (qs & 0x0f0f0f0fu) | (((qh & 0xfu) * 0x02040810u) & 0x10101010u);
-        qo[r] = ((qs >> 4) & 0x0f0f0f0fu) | (((qh >> 4) * 0x02040810u) & 0x10101010u);
-      } else {
-        qe[r] = raw.qs[r] & 0x0f0f0f0fu, qo[r] = (raw.qs[r] >> 4) & 0x0f0f0f0fu;
+        qh = __byte_perm(word, 0u, qh_sel);
       }
+      kquant_lane_quants<kHigh>(raw.qs[r], qh, qe[r], qo[r]);
     }
 #pragma unroll
     for (int c = 0; c < 4; ++c) {  // steps 2c (sub-block 2c, byte c of qe) and 2c + 1 (byte c of qo)
