@@ -1,7 +1,8 @@
 // The canonical f32 matvec (Q5_K, the seed head's shape): the 4-rows-per-warp
 // kernel (matvec_canon_kernel<DecodeQ5K, 8>, what t = 5..8 ran before) against
-// the wide (8 tokens), stream (16) and shared-decode (32) kernels, as launches of
-// their token tiles, on one random weight in the device layout. Prints each kernel's time (median
+// the wide (8 tokens), stream (16) and shared-decode (32) kernels and the split
+// experiment (cuda_canon_split.cuh: 16, 32, 64), as launches of their token tiles, on one
+// random weight in the device layout. Prints each kernel's time (median
 // of CUDA events), its ratio to the FP32-FMA bound 2*V*H*t / 66.9 TFLOP/s, and
 // whether its logits equal the old kernel's (run as launches of 8 tokens) bit for
 // bit, at t = 8, 12, 16, 17, 24, 32, 41, 64 and 256.
@@ -13,13 +14,17 @@
 //   `/tmp/canon_wide 202048 6656 20 0 small`: the 4-row kernel at t = 1, 2, 4 in other
 //   shapes (rows a warp, warps, CTAs a SM) against CanonShape's, GB/s and bits;
 //   `/tmp/canon_wide 262144 640 20 0 small_q80` the same for a Q8_0 weight (t = 1, 8).
+//   `/tmp/canon_wide 202048 6656 5 0 "split|shared" 16,32,64,256`: only the launches whose
+//   names hold a '|'-separated part, at those t.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <string>
 #include <vector>
 
+#include "cuda_canon_split.cuh"
 #include "matvec.cuh"
 #ifdef WITH_ROUTE_PLAN
 #include "cuda_device.h"
@@ -100,6 +105,12 @@ static void run_shared(const MatvecArgs& a) {
               SharedTile<TG>::rows, a, 0, false);
 }
 
+template <int TC>
+static void run_split(const MatvecArgs& a) {
+  launch_grid(&matvec_canon_split_kernel<true, TC>, 32 * kSplitWarps, SplitTile<TC>::smem_bytes,
+              SplitTile<TC>::rows, a, 0, false);
+}
+
 static void run_stream(const MatvecArgs& a) {
   launch_grid(&matvec_canon_stream_kernel<true>, 32 * kStreamWarps, stream_smem_bytes(),
               (int64_t)kStreamWarps * kWideRows, a, 0, false);
@@ -125,6 +136,17 @@ static void run_tiles(void (*run)(const MatvecArgs&), MatvecArgs a, int t, int t
     tile_a.x = a.x + k0 * a.ldx;
     tile_a.y = a.y + k0 * a.ldy;
     run(tile_a);
+  }
+}
+
+// Whether name holds one of the '|'-separated parts of filter.
+static bool name_matches(const char* name, const char* filter) {
+  for (const char* p = filter;;) {
+    const char* end = std::strchr(p, '|');
+    const std::string part = end ? std::string(p, end) : std::string(p);
+    if (!part.empty() && std::strstr(name, part.c_str())) return true;
+    if (!end) return false;
+    p = end + 1;
   }
 }
 
@@ -186,6 +208,9 @@ int main(int argc, char** argv) {
                              {"wide R=8 12 warps", run_wide<12>, 8},
                              {"stream 16 tokens", run_stream, 16},
                              {"shared 32 x 32", run_shared<4>, 32},
+                             {"split 128 x 16", run_split<16>, 16},
+                             {"split 64 x 32", run_split<32>, 32},
+                             {"split 32 x 64", run_split<64>, 64},
 #ifdef WITH_ROUTE_PLAN
                              {"matvec_canon plan", run_plan, 1 << 20},
 #endif
@@ -195,11 +220,19 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  // optional: argv[5] keeps only the launches whose name holds it, at t = argv[6] (for a profiler);
+  // optional: argv[5] keeps only the launches whose name holds one of its '|'-separated
+  // parts, at the t of argv[6] (a comma-separated list; for a profiler);
   // argv[5] = small: the 4-row kernel's shapes at t = 1, 2, 4 instead
   const char* only = argc > 5 ? argv[5] : nullptr;
   std::vector<int> ts = {8, 12, 16, 17, 24, 32, 41, 64, 256};
-  if (argc > 6) ts = {std::atoi(argv[6])};
+  if (argc > 6) {  // a comma-separated list
+    ts.clear();
+    for (const char* p = argv[6]; *p;) {
+      ts.push_back(std::atoi(p));
+      while (*p && *p != ',') ++p;
+      if (*p == ',') ++p;
+    }
+  }
   if (only && (!std::strcmp(only, "small") || q80)) {  // the 4-row kernel's shapes at t = 1, 2, 4 against the tree's (CanonShape)
     struct Small {
       int t;
@@ -257,7 +290,7 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(want.data(), dy_old, (size_t)t * rows * 4, cudaMemcpyDeviceToHost));
     const double bound = 2.0 * rows * cols * t / 66.9e12;
     for (const Launch& L : launches) {
-      if (only && !std::strstr(L.name, only)) continue;
+      if (only && !name_matches(L.name, only)) continue;
       CK(cudaMemset(dy_new, 0xff, (size_t)t * rows * 4));
       a.y = dy_new;
       run_tiles(L.run, a, t, L.tile);
