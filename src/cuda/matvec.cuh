@@ -184,8 +184,6 @@ __device__ __forceinline__ void read_factors(const float* scratch, int r, float 
 // decode() writes w[r][s] = weight of element u*kUnit + 32s + lane.
 // kGuard: units may run past the row's end (elements j >= K are skipped).
 
-// Q5_K (kHigh) and Q4_K, repacked (device_layout.h): one 32-bit word of qs'
-// per lane and block (byte c: sub-blocks 2c, 2c+1), plus its qh' byte for Q5_K.
 // A lane's quants of one Q4_K/Q5_K block as two words: q of sub-block 2c is byte c
 // of qe, of sub-block 2c+1 byte c of qo (qs: the lane's qs' word; qh: its qh' byte,
 // Q5_K only). For Q5_K the multiply spreads qh' bit c to bit 8c+4 (no carries:
@@ -200,6 +198,8 @@ __device__ __forceinline__ void kquant_lane_quants(uint32_t qs, uint32_t qh, uin
   }
 }
 
+// Q5_K (kHigh) and Q4_K, repacked (device_layout.h): one 32-bit word of qs'
+// per lane and block (byte c: sub-blocks 2c, 2c+1), plus its qh' byte for Q5_K.
 template <bool kHigh>
 struct DecodeKQuant {
   static constexpr bool kHighBits = kHigh;  // Q5_K's fifth bits (named for the wide kernel's dispatch)
