@@ -2,7 +2,7 @@
 // experiment beside the tree's kernels (matvec.cuh), run by cuda_canon_wide.cu against
 // them. Not in the route: it has not run on a GPU yet (no device could be had in the
 // session that wrote it), so its bits and its speed are unknown. What it tries, against
-// the shared-decode kernel's 1.86 issue slots a FFMA (docs/performance.md): ~1.3.
+// the shared-decode kernel's 1.86 instructions a FFMA (docs/performance.md): ~1.3.
 #pragma once
 #include "matvec.cuh"
 
@@ -11,7 +11,7 @@ namespace muser::cuda {
 // ---------------------------------------------------------------- the split kernel (K-quants, tiles of 16 .. 64)
 //
 // The same sums again, with the canonical lanes split over two passes so that a
-// thread's 128 sums are all FMAs of one lane. The kernels above give a thread a
+// thread's 128 sums are all FMAs of one lane. The tree's kernels give a thread a
 // lane and its rows x tokens, and pay per FMA for x and weight reads that feed
 // 4..8 FMAs each, plus the decode of every element per 8..32 tokens. Here a
 // thread holds one canonical lane of 16 rows x 8 tokens, the lane's weights of a
@@ -25,17 +25,17 @@ namespace muser::cuda {
 // pair in shared memory; the second adds level 8 to the first's, and the CTA
 // finishes levels 4, 2, 1. Additions of two operands commute, so which thread
 // adds them moves no bit. Per thread and unit: 1,024 FMAs, 96 shared reads, the
-// decode of RC / 2 elements. The weight is read once per pass (each pass reads its
-// lanes' quant words, the headers and fifth bits twice).
+// decode of RC / 2 elements. Each pass reads its lanes' quant words; the headers
+// and fifth bits are read in both passes.
 constexpr int kSplitWarps = 8;
 constexpr int kSplitRows = 16, kSplitTokens = 8;  // one thread: one lane of 16 rows x 8 tokens (128 sums)
 template <int TC>
 struct SplitTile {
   static constexpr int tokens = TC, token_groups = TC / kSplitTokens, row_groups = 16 / token_groups,
                        rows = kSplitRows * row_groups;
-  static constexpr int decode_lanes = rows / 16;  // lanes of one row a thread decodes (16 rows x 16 lanes / 256)
+  static constexpr int decode_lanes = rows / 16;  // lanes of one row a thread decodes (RC rows x 16 lanes / 256)
   // floats of a row's unit in a pass: [lane 16][step 8], + 4 so that the decode's 16-byte
-  // stores of 8 (or 16) rows at one lane offset spread over the banks
+  // stores of a warp's rows at one lane offset spread over the banks
   static constexpr int w_row = 16 * 8 + 4;
   static constexpr int x_token = 16 * 8 + 16;     // floats of a token's unit: [step 8][lane 16], + 16 (banks)
   static constexpr int w_floats = rows * w_row, x_floats = tokens * x_token, p_floats = rows * tokens * 8,
@@ -98,20 +98,13 @@ __global__ void __launch_bounds__(32 * kSplitWarps, 1) matvec_canon_split_kernel
       if constexpr (kHigh) qh[0] = ld_weight_u16(blk + kQ5KHighBitsOffset + lane0);
     }
   };
-  // factors (KFactorLane::factor's values: d*sc_j for v < 8, dmin*m_j for v >= 8), then the
-  // elements fmaf(d1, 2^23 + q - 2^23, -m1) of lanes dcl.. into ws[buf]
+  // the row's factors v = dcl .. dcl + LJ - 1 of its 16 (d*sc_j for v < 8, dmin*m_j for
+  // v >= 8: KFactorLane's, v standing for its lane), then the elements
+  // fmaf(d1, 2^23 + q - 2^23, -m1) of lanes dcl.. into ws[buf]
   auto decode = [&](int buf) {
-    const uint32_t sc_lo = kscale_low(hdr.y), sc_hi = kscale_high(hdr.w, hdr.y), m_lo = kscale_low(hdr.z),
-                   m_hi = kscale_high(hdr.w >> 4, hdr.z);
-    const float d = half_bits_to_float(hdr.x & 0xffffu), dmin = half_bits_to_float(hdr.x >> 16);
     float* const frow = fs + drow * 16;
 #pragma unroll
-    for (int i = 0; i < LJ; ++i) {
-      const int v = dcl + i;
-      const int group = v >> 2;  // scales 0-3, 4-7, mins 0-3, 4-7
-      const uint32_t word = group == 0 ? sc_lo : group == 1 ? sc_hi : group == 2 ? m_lo : m_hi;
-      frow[v] = (v < 8 ? d : dmin) * byte_as_float(word, (uint32_t)(v & 3), a.exponent_bits);
-    }
+    for (int i = 0; i < LJ; ++i) frow[dcl + i] = KFactorLane(dcl + i, a.exponent_bits).factor(hdr);
     __syncwarp();
     float d1[8], m1[8];
     read_factors(fs, drow, d1, m1);
