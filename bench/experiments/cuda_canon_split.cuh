@@ -1,8 +1,9 @@
 // The split kernel: canonical f32 (Q4_K/Q5_K) for tiles of 16, 32 or 64 tokens, an
 // experiment beside the tree's kernels (matvec.cuh), run by cuda_canon_wide.cu against
-// them. Not in the route: it has not run on a GPU yet (no device could be had in the
-// session that wrote it), so its bits and its speed are unknown. What it tries, against
-// the shared-decode kernel's 1.86 instructions a FFMA (docs/performance.md): ~1.3.
+// them. Bit-equal to the 4-row kernel at every t, but slower than the route's kernels
+// (H200: 2.70-2.75 x the FP32-FMA bound at t >= 32 against the shared-decode kernel's
+// 2.57 x; 1.55 instructions a FFMA at 57 % issue with 2 warps a scheduler), so not in
+// the route (docs/performance.md, "Canonical f32 with the lanes split over two passes").
 #pragma once
 #include "matvec.cuh"
 
