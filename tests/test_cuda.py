@@ -618,6 +618,22 @@ def test_canonical_wide_and_shared_decode_kernels_bitwise_equal_to_cpu(head_file
         assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t}", "cuda")
 
 
+# the large-tile kernels (Q4_K/Q5_K: wide tiles of 8, stream 16, shared-decode 32 tokens)
+# with more row groups than an H200 has SMs, so that a persistent CTA walks several, and
+# with one unit a row (256 columns: the double buffers swap at every unit); 40,003 rows end
+# inside a CTA's rows; t = 9 .. 130 end a tile in each way
+@pytest.mark.parametrize("hidden", (256, 512))
+@pytest.mark.parametrize("weight_type", ("Q5_K", "Q4_K"))
+def test_canonical_large_tiles_over_several_row_groups_bitwise_equal_to_cpu(heads_dir, weight_type, hidden):
+    path = write_head_gguf(heads_dir / f"row-groups-{weight_type}-{hidden}.gguf", hidden=hidden, vocab=40003,
+                           weight_type=weight_type, seed=41, random_quants=True)
+    cpu = muser.Head.load(path, device="cpu", route="canonical")
+    gpu = muser.Head.load(path, device="cuda", route="canonical")
+    for t in (9, 16, 17, 32, 33, 64, 77, 130):
+        x = hidden_states(hidden, t, seed=900 + t)
+        assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} canonical t={t} over 40,003 rows of {hidden}", "cuda")
+
+
 # the seed's hidden size (6,656: q8 batches of 17..32 tokens of Q4_K/Q5_K/Q8_0 do not fit in
 # shared memory whole and stream their activations unit by unit, matvec_q8_stream_kernel; the
 # canonical route tiles by 8) and the Gemma-3 one (640 x Q8_0: everything staged whole), with

@@ -1,7 +1,7 @@
 // The canonical f32 matvec (Q5_K, the seed head's shape): the 4-rows-per-warp
 // kernel (matvec_canon_kernel<DecodeQ5K, 8>, what t = 5..8 ran before) against
-// the wide (8 tokens), stream (16) and shared-decode (32) kernels and the split
-// experiment (cuda_canon_split.cuh: 16, 32, 64), as launches of their token tiles, on one
+// the wide (8 tokens), stream (16), shared-decode (32) and split (16, 32, 64)
+// kernels, as launches of their token tiles, on one
 // random weight in the device layout. Prints each kernel's time (median
 // of CUDA events), its ratio to the FP32-FMA bound 2*V*H*t / 66.9 TFLOP/s, and
 // whether its logits equal the old kernel's (run as launches of 8 tokens) bit for
@@ -13,7 +13,7 @@
 //   it also runs matvec_canon itself (the route's tile plan) against the 4-row kernel.
 //   `/tmp/canon_wide 202048 6656 20 0 small`: the 4-row kernel at t = 1, 2, 4 in other
 //   shapes (rows a warp, warps, CTAs a SM) against CanonShape's, GB/s and bits;
-//   `/tmp/canon_wide 262144 640 20 0 small_q80` the same for a Q8_0 weight (t = 1, 8).
+//   `/tmp/canon_wide 262144 640 20 0 small_q80` the same for a Q8_0 weight (t = 1, 2, 4, 8).
 //   `/tmp/canon_wide 202048 6656 5 0 "split|shared" 16,32,64,256`: only the launches whose
 //   names hold a '|'-separated part, at those t.
 #include <algorithm>
@@ -25,7 +25,6 @@
 #include <vector>
 
 #include "cuda_canon_split.cuh"
-#include "matvec.cuh"
 #ifdef WITH_ROUTE_PLAN
 #include "cuda_device.h"
 #include "kernels.h"
@@ -152,8 +151,11 @@ static bool name_matches(const char* name, const char* filter) {
 
 // How many of the first n floats differ from want's in their bytes.
 static size_t differing(const std::vector<float>& got, const std::vector<float>& want, size_t n) {
-  size_t diff = 0;
-  for (size_t i = 0; i < n; ++i) diff += std::memcmp(&got[i], &want[i], 4) != 0;
+  size_t diff = 0, first = n;
+  for (size_t i = 0; i < n; ++i)
+    if (std::memcmp(&got[i], &want[i], 4) != 0 && diff++ == 0) first = i;
+  if (diff)  // the first one, as a flat index into [t][rows], for a reader chasing a wrong map
+    std::printf("  first differing y[%zu]: got %.9g, want %.9g\n", first, got[first], want[first]);
   return diff;
 }
 
@@ -245,12 +247,19 @@ int main(int argc, char** argv) {
     using Q1 = CanonShape<DecodeQ80, 1>;
     const Small smalls_q80[] = {
         {1, "(tree)", run_small<1, Q1::rows, Q1::warps, Q1::min_ctas, DecodeQ80>},
+        {1, "R2 W8 C3", run_small<1, 2, 8, 3, DecodeQ80>},  // the tile's own shape (before Q8_0 took the t = 8 one)
         {1, "R4 W16 C1", run_small<1, 4, 16, 1, DecodeQ80>},
         {1, "R4 W8 C2", run_small<1, 4, 8, 2, DecodeQ80>},
         {1, "R2 W16 C2", run_small<1, 2, 16, 2, DecodeQ80>},
         {1, "R1 W8 C4", run_small<1, 1, 8, 4, DecodeQ80>},
         {1, "R1 W16 C2", run_small<1, 1, 16, 2, DecodeQ80>},
         {1, "R8 W8 C2", run_small<1, 8, 8, 2, DecodeQ80>},
+        {2, "(tree)", run_small<2, CanonShape<DecodeQ80, 2>::rows, CanonShape<DecodeQ80, 2>::warps,
+                                CanonShape<DecodeQ80, 2>::min_ctas, DecodeQ80>},
+        {2, "R2 W8 C3", run_small<2, 2, 8, 3, DecodeQ80>},
+        {4, "(tree)", run_small<4, CanonShape<DecodeQ80, 4>::rows, CanonShape<DecodeQ80, 4>::warps,
+                                CanonShape<DecodeQ80, 4>::min_ctas, DecodeQ80>},
+        {4, "R4 W8 C2", run_small<4, 4, 8, 2, DecodeQ80>},
         {8, "(tree)", run_small<8, CanonShape<DecodeQ80, 8>::rows, CanonShape<DecodeQ80, 8>::warps,
                                 CanonShape<DecodeQ80, 8>::min_ctas, DecodeQ80>},
         {8, "R8 W8 C1", run_small<8, 8, 8, 1, DecodeQ80>},

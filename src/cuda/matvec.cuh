@@ -483,10 +483,12 @@ struct MatvecCta {
 // CTA of 16 warps a SM: at t = 1 the tile's own shape (2 rows, 3 CTAs of 8
 // warps) took 558 against 495 us, 695 against 605 at t = 2, 796 against 764
 // at t = 4 (H100, seed head; bench/experiments/cuda_canon_wide.cu's `small`
-// mode, bit-equal: the shape moves no sum). The other decoders keep the tile's.
+// mode, bit-equal: the shape moves no sum). Q8_0 does too: on the Gemma-3
+// head (262,144 x 640) t = 1 took 191.7 against 225.7 us (H200, `small_q80`
+// mode). The other decoders keep the tile's.
 template <class Dec, int TT>
 struct CanonShape {
-  static constexpr int tile = Dec::kFactors && TT <= 8 ? 8 : TT;
+  static constexpr int tile = (Dec::kFactors || std::is_same_v<Dec, DecodeQ80>) && TT <= 8 ? 8 : TT;
   static constexpr int rows = RowsPerWarp<tile>::value, warps = MatvecCta<tile>::warps,
                        min_ctas = MatvecCta<tile>::min_ctas;
   static constexpr size_t x_budget = MatvecCta<tile>::x_budget;
