@@ -13,7 +13,8 @@
 //   it also runs matvec_canon itself (the route's tile plan) against the 4-row kernel.
 //   `/tmp/canon_wide 202048 6656 20 0 small`: the 4-row kernel at t = 1, 2, 4 in other
 //   shapes (rows a warp, warps, CTAs a SM) against CanonShape's, GB/s and bits;
-//   `/tmp/canon_wide 262144 640 20 0 small_q80` the same for a Q8_0 weight (t = 1, 2, 4, 8).
+//   `/tmp/canon_wide 262144 640 20 0 small_q80` the same for a Q8_0 weight (t = 1, 2, 4, 8),
+//   `... small_q6k` for a Q6_K weight (t = 1, 2, 4; not yet run).
 //   `/tmp/canon_wide 202048 6656 5 0 "split|shared" 16,32,64,256`: only the launches whose
 //   names hold a '|'-separated part, at those t.
 #include <algorithm>
@@ -179,17 +180,19 @@ static double median_us(int n, cudaEvent_t e0, cudaEvent_t e1, F run) {
 int main(int argc, char** argv) {
   const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 202048, cols = argc > 2 ? std::atoll(argv[2]) : 6656;
   const int reps = argc > 3 ? std::atoi(argv[3]) : 10;
-  // argv[5] = small_q80: a Q8_0 weight (the Gemma-3 head: 262144 640), for the small mode
-  const bool q80 = argc > 5 && !std::strcmp(argv[5], "small_q80");
-  const int64_t B = q80 ? sizeof(BlockQ8_0) : sizeof(BlockQ5_K), row_bytes = cols / (q80 ? 32 : 256) * B,
+  // argv[5] = small_q80 / small_q6k: a Q8_0 (the Gemma-3 head: 262144 640) or Q6_K weight, for the small mode
+  const bool q80 = argc > 5 && !std::strcmp(argv[5], "small_q80"), q6k = argc > 5 && !std::strcmp(argv[5], "small_q6k");
+  const char* type_name = q80 ? "Q8_0" : q6k ? "Q6_K" : "Q5_K";
+  const int64_t B = q80 ? sizeof(BlockQ8_0) : q6k ? sizeof(BlockQ6_K) : sizeof(BlockQ5_K),
+                row_bytes = cols / (q80 ? 32 : 256) * B,
                 tiles = (rows + 15) / 16;
   const size_t wbytes = (size_t)(tiles * 16 * row_bytes) + kWeightPadBytes;
   std::vector<uint8_t> w(wbytes);
   for (auto& b : w) b = (uint8_t)next_u32();
   for (size_t off = 0; off + B <= (size_t)(tiles * 16 * row_bytes); off += B) {  // sane f16 d, dmin: 2^-8 .. 2^-7
     const uint16_t d = (uint16_t)(0x1c00 | (next_u32() & 0x3ff)), dmin = (uint16_t)(0x1c00 | (next_u32() & 0x3ff));
-    std::memcpy(&w[off], &d, 2);
-    if (!q80) std::memcpy(&w[off + 2], &dmin, 2);
+    std::memcpy(&w[off + (q6k ? offsetof(BlockQ6_K, d) : 0)], &d, 2);  // Q6_K's d ends its block
+    if (!q80 && !q6k) std::memcpy(&w[off + 2], &dmin, 2);
   }
   const int tmax = 256;
   std::vector<float> x((size_t)tmax * cols);
@@ -205,7 +208,7 @@ int main(int argc, char** argv) {
 
   MatvecArgs a;
   a.rows = rows, a.cols = cols, a.row_bytes = row_bytes, a.ldx = cols, a.ldy = rows;
-  a.type = (uint32_t)(q80 ? GgmlType::Q8_0 : GgmlType::Q5_K), a.w = dw, a.x = dx;
+  a.type = (uint32_t)(q80 ? GgmlType::Q8_0 : q6k ? GgmlType::Q6_K : GgmlType::Q5_K), a.w = dw, a.x = dx;
   const Launch launches[] = {{"old R=4 16 warps", run_old, 8},
                              {"wide R=8 12 warps", run_wide<12>, 8},
                              {"stream 16 tokens", run_stream, 16},
@@ -217,7 +220,7 @@ int main(int argc, char** argv) {
                              {"matvec_canon plan", run_plan, 1 << 20},
 #endif
   };
-  std::printf("Q5_K %lld x %lld, %d reps; FMA bound = 2*V*H*t / 66.9e12\n", (long long)rows, (long long)cols, reps);
+  std::printf("%s %lld x %lld, %d reps; FMA bound = 2*V*H*t / 66.9e12\n", type_name, (long long)rows, (long long)cols, reps);
   std::vector<float> got((size_t)tmax * rows), want((size_t)tmax * rows);
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
@@ -235,7 +238,7 @@ int main(int argc, char** argv) {
       if (*p == ',') ++p;
     }
   }
-  if (only && (!std::strcmp(only, "small") || q80)) {  // the 4-row kernel's shapes at t = 1, 2, 4 against the tree's (CanonShape)
+  if (only && (!std::strcmp(only, "small") || q80 || q6k)) {  // the 4-row kernel's shapes at t = 1, 2, 4 against the tree's (CanonShape)
     struct Small {
       int t;
       const char* name;
@@ -275,8 +278,21 @@ int main(int argc, char** argv) {
         {4, "R4 W8 C2", run_small<4, 4, 8, 2>},  // before
     };
     const double weight_bytes = (double)rows * row_bytes;
-    const Small* smalls = q80 ? smalls_q80 : smalls_q5k;
-    const size_t n_smalls = q80 ? std::size(smalls_q80) : std::size(smalls_q5k);
+    using Q6 = DecodeQ6K;
+    const Small smalls_q6k[] = {
+        {1, "(tree)", run_small<1, CanonShape<Q6, 1>::rows, CanonShape<Q6, 1>::warps, CanonShape<Q6, 1>::min_ctas, Q6>},
+        {1, "R2 W8 C3", run_small<1, 2, 8, 3, Q6>},  // the tile's own shape
+        {1, "R4 W16 C1", run_small<1, 4, 16, 1, Q6>},  // the t = 8 tile's
+        {1, "R4 W8 C2", run_small<1, 4, 8, 2, Q6>},
+        {2, "(tree)", run_small<2, CanonShape<Q6, 2>::rows, CanonShape<Q6, 2>::warps, CanonShape<Q6, 2>::min_ctas, Q6>},
+        {2, "R2 W8 C3", run_small<2, 2, 8, 3, Q6>},
+        {2, "R4 W16 C1", run_small<2, 4, 16, 1, Q6>},
+        {4, "(tree)", run_small<4, CanonShape<Q6, 4>::rows, CanonShape<Q6, 4>::warps, CanonShape<Q6, 4>::min_ctas, Q6>},
+        {4, "R4 W8 C2", run_small<4, 4, 8, 2, Q6>},
+        {4, "R4 W16 C1", run_small<4, 4, 16, 1, Q6>},
+    };
+    const Small* smalls = q80 ? smalls_q80 : q6k ? smalls_q6k : smalls_q5k;
+    const size_t n_smalls = q80 ? std::size(smalls_q80) : q6k ? std::size(smalls_q6k) : std::size(smalls_q5k);
     for (size_t si = 0; si < n_smalls; ++si) {
       const Small& S = smalls[si];
       a.t = S.t;
