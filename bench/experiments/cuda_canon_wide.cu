@@ -18,6 +18,7 @@
 //   `/tmp/canon_wide 202048 6656 5 0 "split|shared" 16,32,64,256`: only the launches whose
 //   names hold a '|'-separated part, at those t.
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -91,6 +92,13 @@ static void run_small(const MatvecArgs& a) {
   const int chunk = (int)((a.cols + Dec::kUnit - 1) / Dec::kUnit * Dec::kUnit);
   const size_t smem = (size_t)a.t * 32 * (chunk / 32 + kLanePad) * 4 + (size_t)W * 2 * 32 * ((R + 1) / 2) * 4;
   launch_grid(&matvec_canon_kernel<Dec, TT, R, W, C>, 32 * W, smem, (int64_t)W * R, a, chunk, true);
+}
+
+// run_small in the tree's shape for Dec at TT (CanonShape), the reference of the small modes
+template <int TT, class Dec = DecodeQ5K>
+static void run_tree(const MatvecArgs& a) {
+  using Shape = CanonShape<Dec, TT>;
+  run_small<TT, Shape::rows, Shape::warps, Shape::min_ctas, Dec>(a);
 }
 
 template <int kWarps>
@@ -244,12 +252,8 @@ int main(int argc, char** argv) {
       const char* name;
       void (*run)(const MatvecArgs&);
     };
-    using S1 = CanonShape<DecodeQ5K, 1>;
-    using S2 = CanonShape<DecodeQ5K, 2>;
-    using S4 = CanonShape<DecodeQ5K, 4>;
-    using Q1 = CanonShape<DecodeQ80, 1>;
     const Small smalls_q80[] = {
-        {1, "(tree)", run_small<1, Q1::rows, Q1::warps, Q1::min_ctas, DecodeQ80>},
+        {1, "(tree)", run_tree<1, DecodeQ80>},
         {1, "R2 W8 C3", run_small<1, 2, 8, 3, DecodeQ80>},  // the tile's own shape (before Q8_0 took the t = 8 one)
         {1, "R4 W16 C1", run_small<1, 4, 16, 1, DecodeQ80>},
         {1, "R4 W8 C2", run_small<1, 4, 8, 2, DecodeQ80>},
@@ -257,37 +261,34 @@ int main(int argc, char** argv) {
         {1, "R1 W8 C4", run_small<1, 1, 8, 4, DecodeQ80>},
         {1, "R1 W16 C2", run_small<1, 1, 16, 2, DecodeQ80>},
         {1, "R8 W8 C2", run_small<1, 8, 8, 2, DecodeQ80>},
-        {2, "(tree)", run_small<2, CanonShape<DecodeQ80, 2>::rows, CanonShape<DecodeQ80, 2>::warps,
-                                CanonShape<DecodeQ80, 2>::min_ctas, DecodeQ80>},
+        {2, "(tree)", run_tree<2, DecodeQ80>},
         {2, "R2 W8 C3", run_small<2, 2, 8, 3, DecodeQ80>},
-        {4, "(tree)", run_small<4, CanonShape<DecodeQ80, 4>::rows, CanonShape<DecodeQ80, 4>::warps,
-                                CanonShape<DecodeQ80, 4>::min_ctas, DecodeQ80>},
+        {4, "(tree)", run_tree<4, DecodeQ80>},
         {4, "R4 W8 C2", run_small<4, 4, 8, 2, DecodeQ80>},
-        {8, "(tree)", run_small<8, CanonShape<DecodeQ80, 8>::rows, CanonShape<DecodeQ80, 8>::warps,
-                                CanonShape<DecodeQ80, 8>::min_ctas, DecodeQ80>},
+        {8, "(tree)", run_tree<8, DecodeQ80>},
         {8, "R8 W8 C1", run_small<8, 8, 8, 1, DecodeQ80>},
         {8, "R2 W16 C1", run_small<8, 2, 16, 1, DecodeQ80>},
     };
     const Small smalls_q5k[] = {
-        {1, "(tree)", run_small<1, S1::rows, S1::warps, S1::min_ctas>},
+        {1, "(tree)", run_tree<1>},
         {1, "R2 W8 C3", run_small<1, 2, 8, 3>},  // the shape before CanonShape
         {1, "R4 W24 C1", run_small<1, 4, 24, 1>},
-        {2, "(tree)", run_small<2, S2::rows, S2::warps, S2::min_ctas>},
+        {2, "(tree)", run_tree<2>},
         {2, "R2 W8 C3", run_small<2, 2, 8, 3>},  // before
-        {4, "(tree)", run_small<4, S4::rows, S4::warps, S4::min_ctas>},
+        {4, "(tree)", run_tree<4>},
         {4, "R4 W8 C2", run_small<4, 4, 8, 2>},  // before
     };
     const double weight_bytes = (double)rows * row_bytes;
     using Q6 = DecodeQ6K;
     const Small smalls_q6k[] = {
-        {1, "(tree)", run_small<1, CanonShape<Q6, 1>::rows, CanonShape<Q6, 1>::warps, CanonShape<Q6, 1>::min_ctas, Q6>},
+        {1, "(tree)", run_tree<1, Q6>},
         {1, "R2 W8 C3", run_small<1, 2, 8, 3, Q6>},  // the tile's own shape
         {1, "R4 W16 C1", run_small<1, 4, 16, 1, Q6>},  // the t = 8 tile's
         {1, "R4 W8 C2", run_small<1, 4, 8, 2, Q6>},
-        {2, "(tree)", run_small<2, CanonShape<Q6, 2>::rows, CanonShape<Q6, 2>::warps, CanonShape<Q6, 2>::min_ctas, Q6>},
+        {2, "(tree)", run_tree<2, Q6>},
         {2, "R2 W8 C3", run_small<2, 2, 8, 3, Q6>},
         {2, "R4 W16 C1", run_small<2, 4, 16, 1, Q6>},
-        {4, "(tree)", run_small<4, CanonShape<Q6, 4>::rows, CanonShape<Q6, 4>::warps, CanonShape<Q6, 4>::min_ctas, Q6>},
+        {4, "(tree)", run_tree<4, Q6>},
         {4, "R4 W8 C2", run_small<4, 4, 8, 2, Q6>},
         {4, "R4 W16 C1", run_small<4, 4, 16, 1, Q6>},
     };
