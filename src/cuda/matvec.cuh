@@ -484,8 +484,8 @@ struct MatvecCta {
 // warps) took 558 against 495 us, 695 against 605 at t = 2, 796 against 764
 // at t = 4 (H100, seed head; bench/experiments/cuda_canon_wide.cu's `small`
 // mode, bit-equal: the shape moves no sum). Q8_0 does too: on the Gemma-3
-// head (262,144 x 640) t = 1 took 191.7 against 225.7 us (H200, `small_q80`
-// mode). The other decoders keep the tile's.
+// head (262,144 x 640) t = 1 took 193.1 against 227.3 us (H200, `small_q80`
+// mode; docs/performance.md). The other decoders keep the tile's.
 template <class Dec, int TT>
 struct CanonShape {
   static constexpr int tile = (Dec::kFactors || std::is_same_v<Dec, DecodeQ80>) && TT <= 8 ? 8 : TT;
