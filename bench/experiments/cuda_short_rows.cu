@@ -19,6 +19,8 @@
 // 60.1-62.6 us; every ring of either method 63.3-70 us (S = 2: 1.05-1.07 x),
 // interleaved and 128 CTAs the same, unit runs 65.4-68.9, and the L2
 // prefetch 83-100 us: the copies' pattern alone costs the short rows 5-7 %.
+// The last lines: the ring in 2 or 3 CTAs a SM (H100, 2026-12-07: 66.1 and
+// 67.8 us against 66.7 for one, read limit 61.9): more warps do not help.
 #include <cstdio>
 #include <cstdint>
 #include <vector>
@@ -162,5 +164,10 @@ int main() {
            run<1, 2, 2>(w, sink, spin, f, sms), run<0, 2, 4>(w, sink, spin, f, sms), run<1, 2, 4>(w, sink, spin, f, sms),
            run<0, 2, 0, 1>(w, sink, spin, f, sms), run<1, 2, 0, 1>(w, sink, spin, f, sms));
   }
+  // more warps a SM: the ring of 2 stages in 2 or 3 CTAs of 16 warps a SM (the route's kernel runs one)
+  for (int spin : {0, 30})
+    printf("spin %2d | cp.async S=2: 1 CTA a SM %.1f, 2 %.1f, 3 %.1f | cp.async S=4, 1 CTA %.1f | bulk S=2, 2 CTAs %.1f us\n", spin,
+           run<0, 2>(w, sink, spin, 300, sms), run<0, 2>(w, sink, spin, 300, 2 * sms), run<0, 2>(w, sink, spin, 300, 3 * sms),
+           run<0, 4>(w, sink, spin, 300, sms), run<1, 2>(w, sink, spin, 300, 2 * sms));
   return 0;
 }
