@@ -14,7 +14,7 @@
 //   `/tmp/canon_wide 202048 6656 20 0 small`: the 4-row kernel at t = 1, 2, 4 in other
 //   shapes (rows a warp, warps, CTAs a SM) against CanonShape's, GB/s and bits;
 //   `/tmp/canon_wide 262144 640 20 0 small_q80` the same for a Q8_0 weight (t = 1, 2, 4, 8),
-//   `... small_q6k` for a Q6_K weight (t = 1, 2, 4; not yet run).
+//   `... small_q6k` for a Q6_K weight (t = 1, 2, 4).
 //   `/tmp/canon_wide 202048 6656 5 0 "split|shared" 16,32,64,256`: only the launches whose
 //   names hold a '|'-separated part, at those t.
 #include <algorithm>
@@ -282,7 +282,7 @@ int main(int argc, char** argv) {
     using Q6 = DecodeQ6K;
     const Small smalls_q6k[] = {
         {1, "(tree)", run_tree<1, Q6>},
-        {1, "R2 W8 C3", run_small<1, 2, 8, 3, Q6>},  // the tile's own shape
+        {1, "R2 W8 C3", run_small<1, 2, 8, 3, Q6>},  // the tile's own shape (before Q6_K took the t = 8 one)
         {1, "R4 W16 C1", run_small<1, 4, 16, 1, Q6>},  // the t = 8 tile's
         {1, "R4 W8 C2", run_small<1, 4, 8, 2, Q6>},
         {2, "(tree)", run_tree<2, Q6>},

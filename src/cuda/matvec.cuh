@@ -460,7 +460,7 @@ template <int TT>
 struct RowsPerWarp {
   static constexpr int value = TT <= 2 ? 2 : TT <= 8 ? 4 : TT <= 16 ? 2 : 1;
 };
-// The CTA per token tile (CanonShape below picks the K-quants' own). min_ctas:
+// The CTA per token tile (CanonShape below picks the quantized types' own). min_ctas:
 // CTAs per SM the register allocation must allow (24 warps per SM keep enough
 // bytes in flight at t = 1 for the decoders without shared factors; a tighter
 // cap made the compiler recompute lane constants in the loop).
@@ -485,10 +485,12 @@ struct MatvecCta {
 // at t = 4 (H100, seed head; bench/experiments/cuda_canon_wide.cu's `small`
 // mode, bit-equal: the shape moves no sum). Q8_0 does too: on the Gemma-3
 // head (262,144 x 640) t = 1 took 193.1 against 227.3 us (H200, `small_q80`
-// mode; docs/performance.md). The other decoders keep the tile's.
+// mode; docs/performance.md), and Q6_K: 1,180 against 1,366 us at t = 1 of a
+// seed-shaped Q6_K head (H100, `small_q6k` mode). The float types keep the tile's.
 template <class Dec, int TT>
 struct CanonShape {
-  static constexpr int tile = (Dec::kFactors || std::is_same_v<Dec, DecodeQ80>) && TT <= 8 ? 8 : TT;
+  static constexpr bool kQuantized = Dec::kFactors || std::is_same_v<Dec, DecodeQ80> || std::is_same_v<Dec, DecodeQ6K>;
+  static constexpr int tile = kQuantized && TT <= 8 ? 8 : TT;
   static constexpr int rows = RowsPerWarp<tile>::value, warps = MatvecCta<tile>::warps,
                        min_ctas = MatvecCta<tile>::min_ctas;
   static constexpr size_t x_budget = MatvecCta<tile>::x_budget;
