@@ -5,10 +5,18 @@ the soft-cap tail after the matvec are visible (no nsys on the device
 machine). Three calls of the seed head (random Q5_K 202,048 x 6,656,
 acts="q8") per route, after ten warm-ups:
 
-    python bench/experiments/cuda_route_timeline.py [head.gguf] [t]
+    python bench/experiments/cuda_route_timeline.py [head.gguf] [t] [routes] [acts]
 
-(or any GGUF head file and batch size given) prints, per device event: start (us from the first event), duration, the gap
-to the previous event's end (negative: overlapping) and the kernel's name.
+(or any GGUF head file, batch size, comma-separated routes -- fused,graph by
+default -- and activation mode -- q8 by default -- given) prints, per device
+event: start (us from the first event), duration, the gap to the previous
+event's end (negative: overlapping) and the kernel's name. E.g. the open
+question of docs/performance.md ("Q6_K takes the same shape"), why the
+canonical Q6_K route's graph takes 100-220 us more than its nodes at t <= 4:
+
+    python bench/cuda_head.py --weight-type Q6_K --file q6k.gguf --routes canonical --acts f32 --tokens 1 --no-torch
+    python bench/experiments/cuda_route_timeline.py q6k.gguf 1 canonical f32
+    MUSER_PDL=0 python bench/experiments/cuda_route_timeline.py q6k.gguf 1 canonical f32
 """
 import json, sys
 import numpy as np, torch, muser
@@ -19,8 +27,10 @@ else:
     p = "/tmp/head.gguf"
     write_random_head(p, 6656, 202048, "Q5_K")
 t = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-for route in ("fused", "graph"):
-    h = muser.Head.load(p, device="cuda", route=route, acts="q8")
+routes = sys.argv[3].split(",") if len(sys.argv) > 3 else ["fused", "graph"]
+acts = sys.argv[4] if len(sys.argv) > 4 else "q8"
+for route in routes:
+    h = muser.Head.load(p, device="cuda", route=route, acts=acts)
     H = h.spec.hidden_size
     x = torch.from_numpy(np.random.default_rng(0).standard_normal((t, H), dtype=np.float32)).cuda()
     for _ in range(10):
