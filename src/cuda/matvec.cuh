@@ -183,6 +183,10 @@ __device__ __forceinline__ void read_factors(const float* scratch, int r, float 
 // unit's undecoded bytes. load() fetches the unit the pointers are at,
 // decode() writes w[r][s] = weight of element u*kUnit + 32s + lane.
 // kGuard: units may run past the row's end (elements j >= K are skipped).
+// kScratch: decode() shares per-block factors through the warp's scratch
+// (K-quants, Q6_K) and load() takes the unit ahead as an immediate offset;
+// kFactors: the K-quants' (d1, m1), which the wide, stream and shared-decode
+// kernels below are written for.
 
 // A lane's quants of one Q4_K/Q5_K block as two words: q of sub-block 2c is byte c
 // of qe, of sub-block 2c+1 byte c of qo (qs: the lane's qs' word; qh: its qh' byte,
@@ -207,7 +211,7 @@ struct DecodeKQuant {
   static constexpr int kUnit = kQK_K, kSteps = 8, kBlockBytes = (int)sizeof(Block),
                        kBlockStride = kTileRows * kBlockBytes;
   static constexpr int kQsOffset = kHigh ? kQ5KQuantsOffset : kQ4KQuantsOffset;
-  static constexpr bool kGuard = false, kFactors = true;
+  static constexpr bool kGuard = false, kFactors = true, kScratch = true;
   template <int R>
   struct Lane {
     const uint8_t* qs[R];  // this lane's qs' word of the row's current block
@@ -268,127 +272,187 @@ struct DecodeKQuant {
 using DecodeQ5K = DecodeKQuant<true>;
 using DecodeQ4K = DecodeKQuant<false>;
 
-// The decoders without shared factors keep one pointer per row (unit u at
-// row + u * kTileRows * kBlockBytes, one block per unit); their speed is not
-// the goal, their order is.
-template <int R, int kBlockBytes>
-struct RowLane {
-  const uint8_t* row[R];
-  __device__ RowLane(const MatvecArgs& a, int64_t row0, int) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) row[r] = row_ptr<true, kBlockBytes>(a, row0 + r);
-  }
-  __device__ __forceinline__ void advance(int units) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) row[r] += units * kTileRows * kBlockBytes;
-  }
-};
-
-// Q6_K in the GGUF layout (210-byte blocks are only 2-byte aligned): element
-// 32s + lane of a block has its low bits in ql[32(2(s/4) + s%2) + lane]
-// (nibble (s%4)/2), its high bits in qh[32(s/4) + lane] (pair s%4) and its
-// scale in scales[2s + lane/16] (see q6k_quant).
+// Q6_K in row tiles of GGUF blocks (210 bytes: only 2-byte aligned, so byte
+// loads): element 32s + lane of a block has its low bits in
+// ql[32(2(s/4) + s%2) + lane] (nibble (s%4)/2), its high bits in
+// qh[32(s/4) + lane] (pair s%4) and its scale in scales[2s + lane/16]
+// (q6k_quant). Like the K-quants' (d1, m1), the block's 16 factors d * scale
+// are computed once a warp -- lane v = lane%16 of row 2p + lane/16 computes
+// scale v's -- and shared through the scratch, where a lane reads its 8 (the
+// scales of its parity) with two broadcast 16-byte loads. A lane's 8 quants
+// are assembled four at a time in the bytes of two words (q6k_lane_quants).
+// Per weight that is a quarter of the loads and half the instructions of a
+// lane decoding its own scales and quants byte by byte, which made the t = 1
+// kernel issue-bound at ~3.5 x the read (docs/performance.md).
 struct DecodeQ6K {
-  static constexpr int kUnit = kQK_K, kSteps = 8, kBlockBytes = (int)sizeof(BlockQ6_K);
-  static constexpr bool kGuard = false, kFactors = false;
-  template <int R>
-  using Lane = RowLane<R, kBlockBytes>;
-  // one unit's bytes packed into 5 registers per row (two units of 4 rows are in flight)
-  template <int R>
-  struct Raw {
-    uint32_t ql[R];     // byte i: ql[32i + lane]
-    uint32_t qh[R];     // byte i: qh[32i + lane] (i < 2)
-    uint32_t sc[R][2];  // byte s%4 of word s/4: scales[2s + lane/16]
-    uint32_t d[R];
-  };
-  template <int R>
-  static __device__ __forceinline__ void load(Raw<R>& raw, const Lane<R>& p, int lane) {
-    auto pack4 = [](uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
-      return __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
-    };
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* b = p.row[r];
-      const uint8_t* sc = b + kQ6KScalesOffset + (lane >> 4);
-      raw.ql[r] = pack4(ld_weight_u8(b + lane), ld_weight_u8(b + 32 + lane), ld_weight_u8(b + 64 + lane),
-                        ld_weight_u8(b + 96 + lane));
-      raw.qh[r] = __byte_perm(ld_weight_u8(b + kQ6KQhOffset + lane), ld_weight_u8(b + kQ6KQhOffset + 32 + lane), 0x0040);
-      raw.sc[r][0] = pack4(ld_weight_u8(sc), ld_weight_u8(sc + 2), ld_weight_u8(sc + 4), ld_weight_u8(sc + 6));
-      raw.sc[r][1] = pack4(ld_weight_u8(sc + 8), ld_weight_u8(sc + 10), ld_weight_u8(sc + 12), ld_weight_u8(sc + 14));
-      raw.d[r] = ld_weight_u16(b + kQ6KDOffset);
-    }
-  }
-  template <int R>
-  static __device__ __forceinline__ void decode(const Raw<R>& raw, float (&w)[R][kSteps]) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float d = half_bits_to_float(raw.d[r]);
-#pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        const int half = s >> 2, quarter = s & 3;
-        const uint32_t low = (raw.ql[r] >> (8 * (2 * half + (quarter & 1)) + 4 * (quarter >> 1))) & 0xfu;
-        const uint32_t high = (raw.qh[r] >> (8 * half + 2 * quarter)) & 3u;
-        const float q = byte_as_float(low | (high << 4), 0) - 32.0f;                          // exact
-        const float sc = byte_as_float(((raw.sc[r][s >> 2] >> (8 * (s & 3))) & 0xffu) ^ 0x80u, 0) - 128.0f;  // int8, exact
-        w[r][s] = (d * sc) * q;  // as dequant_block_q6_k: (d * scale) * q, two roundings
-      }
-    }
-  }
-};
-
-// Q8_0: a unit is 4 blocks of 32; step s is block 4u+s, lane l its quant l.
-struct DecodeQ80 {
-  static constexpr int kUnit = 4 * kQK8_0, kSteps = 4, kBlockBytes = (int)sizeof(BlockQ8_0),
+  static constexpr int kUnit = kQK_K, kSteps = 8, kBlockBytes = (int)sizeof(BlockQ6_K),
                        kBlockStride = kTileRows * kBlockBytes;
-  static constexpr bool kGuard = true, kFactors = false;  // K is a multiple of 32, not of 128
+  static constexpr bool kGuard = false, kFactors = false, kScratch = true;
   template <int R>
   struct Lane {
-    const uint8_t* row[R];
-    const uint8_t* last[R];  // the row's last block: units past the end re-read it (never used)
-    __device__ Lane(const MatvecArgs& a, int64_t row0, int) {
+    const uint8_t* row[R];             // ql[lane] of the row's current block
+    const uint8_t* fac[(R + 1) / 2];   // scales[lane % 16] of row 2p + lane/16
+    const uint8_t* fd[(R + 1) / 2];    // that row's d
+    __device__ Lane(const MatvecArgs& a, int64_t row0, int lane) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        row[r] = row_ptr<true, kBlockBytes>(a, row0 + r);
-        last[r] = row[r] + (a.cols / kQK8_0 - 1) * kBlockStride;
+      for (int r = 0; r < R; ++r) row[r] = row_ptr<true, kBlockBytes>(a, row0 + r) + lane;
+#pragma unroll
+      for (int p = 0; p < (R + 1) / 2; ++p) {
+        const uint8_t* b = row_ptr<true, kBlockBytes>(a, row0 + min(2 * p + (lane >> 4), R - 1));
+        fac[p] = b + kQ6KScalesOffset + (lane & 15);
+        fd[p] = b + kQ6KDOffset;
       }
     }
     __device__ __forceinline__ void advance(int units) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) row[r] += units * 4 * kBlockStride;
+      for (int r = 0; r < R; ++r) row[r] += units * kBlockStride;
+#pragma unroll
+      for (int p = 0; p < (R + 1) / 2; ++p) fac[p] += units * kBlockStride, fd[p] += units * kBlockStride;
     }
   };
   template <int R>
   struct Raw {
-    uint32_t qs[R][4], d[R][4];
+    uint32_t ql[R];  // byte i: ql[32i + lane]
+    uint32_t qh[R];  // byte h: qh[32h + lane]
+    uint32_t sc[(R + 1) / 2], d[(R + 1) / 2];  // this lane's scale byte and its row's d
+  };
+  template <int R, int kAhead>
+  static __device__ __forceinline__ void load(Raw<R>& raw, const Lane<R>& p) {
+    constexpr int o = kAhead * kBlockStride;
+#pragma unroll
+    for (int q = 0; q < (R + 1) / 2; ++q) {
+      raw.sc[q] = ld_weight_u8(p.fac[q] + o);
+      raw.d[q] = ld_weight_u16(p.fd[q] + o);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* b = p.row[r] + o;
+      raw.ql[r] = __byte_perm(__byte_perm(ld_weight_u8(b), ld_weight_u8(b + 32), 0x0040),
+                              __byte_perm(ld_weight_u8(b + 64), ld_weight_u8(b + 96), 0x0040), 0x5410);
+      raw.qh[r] = __byte_perm(ld_weight_u8(b + kQ6KQhOffset), ld_weight_u8(b + kQ6KQhOffset + 32), 0x0040);
+    }
+  }
+  template <int R>
+  static __device__ __forceinline__ void decode(const Raw<R>& raw, const KFactorLane& fl, int lane, float* scratch,
+                                                float (&w)[R][kSteps]) {
+    // this lane's factor d * scale (dequant_block_q6_k's product: f16 times an
+    // exact int8, one rounding), at [row][scale parity][scale / 2]
+    const int slot = (lane >> 4) * 16 + 8 * (lane & 1) + ((lane & 15) >> 1);
+#pragma unroll
+    for (int p = 0; p < (R + 1) / 2; ++p)
+      if (R % 2 == 0 || 2 * p + (lane >> 4) < R) {
+        // 2^23 + (scale + 128), less 2^23 + 128: the int8 exactly
+        const float sc = __int_as_float((int)__byte_perm(raw.sc[p] ^ 0x80u, fl.exponent, 0x7540u)) - 8388736.0f;
+        scratch[32 * p + slot] = half_bits_to_float(raw.d[p]) * sc;
+      }
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float4* f4 = reinterpret_cast<const float4*>(scratch + 16 * r + 8 * (lane >> 4));
+      const float4 fa = f4[0], fb = f4[1];
+      const float f[8] = {fa.x, fa.y, fa.z, fa.w, fb.x, fb.y, fb.z, fb.w};  // the scales of steps 0..7
+      uint32_t qa, qb;
+      q6k_lane_quants(raw.ql[r], raw.qh[r], qa, qb);
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const uint32_t word = (s & 2) ? qb : qa, byte = (uint32_t)((s & 1) | ((s >> 2) << 1));
+        // 2^23 + q, less 2^23 + 32: q - 32 exactly
+        const float q = __int_as_float((int)__byte_perm(word, fl.exponent, 0x7540u | byte)) - 8388640.0f;
+        w[r][s] = f[s] * q;  // as dequant_block_q6_k: (d * scale) * q, two roundings
+      }
+    }
+  }
+  // A lane's 6-bit quants (0..63, q6k_quant + 32) of one block, four to a word:
+  // qa holds steps 0, 1, 4, 5 in bytes 0..3 and qb steps 2, 3, 6, 7. ql bytes
+  // 0, 1 (2, 3) carry the low nibbles of half 0 (1): steps 4h + {0, 1} in their
+  // low nibbles, 4h + {2, 3} in their high ones; qh byte h carries step 4h + c's
+  // two high bits at bits 2c, 2c + 1, moved to bits 4, 5 of its quant's byte.
+  static __device__ __forceinline__ void q6k_lane_quants(uint32_t lo, uint32_t qh, uint32_t& qa, uint32_t& qb) {
+    const uint32_t hi = __byte_perm(qh, 0, 0x1100);  // bytes qh0, qh0, qh1, qh1
+    qa = (lo & 0x0f0f0f0fu) | ((hi << 4) & 0x00300030u) | ((hi << 2) & 0x30003000u);
+    qb = ((lo >> 4) & 0x0f0f0f0fu) | (hi & 0x00300030u) | ((hi >> 2) & 0x30003000u);
+  }
+};
+
+// Q8_0: a unit is kBlocks blocks of 32; step s is block kBlocks*u + s, lane l
+// its quant l. The R x kBlocks scales d of a unit are converted once a warp
+// (lane kBlocks*r + s takes row r's block s) and shared through the scratch,
+// where a lane reads a row's with broadcast 16-byte loads; a lane's quant
+// bytes of a row are kBlocks/4 words. 8 blocks a unit keep twice the bytes
+// of 4 in flight (a warp's 4 rows x 2 units x 1,088 B: what the Gemma-3
+// head's short rows need; docs/performance.md). Units past a row's end (K
+// is a multiple of 32 only) read the next row tile's bytes or the weight's
+// padding (kWeightPadBytes: the unit ahead of a last partial one ends at
+// most 2 kBlocks - 1 blocks of 16 rows past the row tile), never used: kGuard
+// skips their products.
+template <int kBlocks>
+struct DecodeQ80Units {
+  static_assert(kBlocks % 4 == 0, "whole words of quant bytes");
+  static constexpr int kUnit = kBlocks * kQK8_0, kSteps = kBlocks, kBlockBytes = (int)sizeof(BlockQ8_0),
+                       kBlockStride = kTileRows * kBlockBytes, kWords = kBlocks / 4;
+  static_assert((2 * kBlocks - 1) * kBlockStride <= (int)kWeightPadBytes, "the padding covers the unit ahead");
+  static constexpr bool kGuard = true, kFactors = false, kScratch = true;
+  template <int R>
+  struct Lane {
+    const uint8_t* qs[R];  // qs[lane] of the row's current unit's first block
+    const uint8_t* d;      // d of block lane % kBlocks of row lane / kBlocks (lanes past: of row R-1)
+    __device__ Lane(const MatvecArgs& a, int64_t row0, int lane) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) qs[r] = row_ptr<true, kBlockBytes>(a, row0 + r) + kQ8_0QsOffset + lane;
+      d = row_ptr<true, kBlockBytes>(a, row0 + min(lane / kBlocks, R - 1)) + (lane % kBlocks) * kBlockStride;
+    }
+    __device__ __forceinline__ void advance(int units) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) qs[r] += units * kBlocks * kBlockStride;
+      d += units * kBlocks * kBlockStride;
+    }
   };
   template <int R>
-  static __device__ __forceinline__ void load(Raw<R>& raw, const Lane<R>& p, int lane) {
+  struct Raw {
+    uint32_t qs[R][kWords];  // byte c of word i: block 4i + c's quant of this lane
+    uint32_t d;              // this lane's scale (f16 bits)
+  };
+  template <int R, int kAhead>
+  static __device__ __forceinline__ void load(Raw<R>& raw, const Lane<R>& p) {
+    constexpr int o = kAhead * kBlocks * kBlockStride;
+    raw.d = ld_weight_u16(p.d + o);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const uint8_t* b = p.row[r] + s * kBlockStride;
-        b = b <= p.last[r] ? b : p.last[r];
-        raw.d[r][s] = ld_weight_u16(b);
-        raw.qs[r][s] = ld_weight_u8(b + kQ8_0QsOffset + lane);
+      for (int i = 0; i < kWords; ++i) {
+        const uint8_t* b = p.qs[r] + o + 4 * i * kBlockStride;
+        raw.qs[r][i] = __byte_perm(__byte_perm(ld_weight_u8(b), ld_weight_u8(b + kBlockStride), 0x0040),
+                                   __byte_perm(ld_weight_u8(b + 2 * kBlockStride), ld_weight_u8(b + 3 * kBlockStride), 0x0040),
+                                   0x5410);
       }
   }
   template <int R>
-  static __device__ __forceinline__ void decode(const Raw<R>& raw, float (&w)[R][kSteps]) {
+  static __device__ __forceinline__ void decode(const Raw<R>& raw, const KFactorLane& fl, int lane, float* scratch,
+                                                float (&w)[R][kSteps]) {
+    static_assert(kBlocks * R <= 32, "a lane per scale");
+    if (lane < kBlocks * R) scratch[lane] = half_bits_to_float(raw.d);
+    __syncwarp();
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int s = 0; s < 4; ++s)  // as dequant_block_q8_0: (float)q * d
-        w[r][s] = (byte_as_float(raw.qs[r][s] ^ 0x80u, 0) - 128.0f) * half_bits_to_float(raw.d[r][s]);
+      for (int i = 0; i < kWords; ++i) {
+        const float4 d = reinterpret_cast<const float4*>(scratch + kBlocks * r)[i];
+        const float ds[4] = {d.x, d.y, d.z, d.w};
+        const uint32_t q = raw.qs[r][i] ^ 0x80808080u;  // int8 + 128 in each byte
+#pragma unroll
+        for (int c = 0; c < 4; ++c)  // as dequant_block_q8_0: (float)q * d; 2^23 + (q + 128), less 2^23 + 128: q exactly
+          w[r][4 * i + c] = (__int_as_float((int)__byte_perm(q, fl.exponent, 0x7540u | c)) - 8388736.0f) * ds[c];
+      }
   }
 };
+using DecodeQ80 = DecodeQ80Units<8>;
 
 // F16, BF16, F32: 256 elements per unit, exact widening; any K.
 template <uint32_t kType>
 struct DecodeFloat {
   static constexpr int kUnit = 256, kSteps = 8;
   static constexpr int kElemBytes = kType == (uint32_t)GgmlType::F32 ? 4 : 2;
-  static constexpr bool kGuard = true, kFactors = false;
+  static constexpr bool kGuard = true, kFactors = false, kScratch = false;
   template <int R>
   struct Lane {
     const uint8_t* row[R];  // element 32s + lane of the current unit is at row + (32s + lane) * bytes
@@ -436,7 +500,7 @@ struct DecodeFloat {
 template <class Dec, int R, int kAhead>
 __device__ __forceinline__ void load_unit(typename Dec::template Raw<R>& raw,
                                           const typename Dec::template Lane<R>& p, int lane) {
-  if constexpr (Dec::kFactors) {
+  if constexpr (Dec::kScratch) {
     Dec::template load<R, kAhead>(raw, p);
   } else {
     typename Dec::template Lane<R> q = p;
@@ -448,7 +512,7 @@ __device__ __forceinline__ void load_unit(typename Dec::template Raw<R>& raw,
 template <class Dec, int R>
 __device__ __forceinline__ void decode_unit(const typename Dec::template Raw<R>& raw, const KFactorLane& fl,
                                             int lane, float* scratch, float (&w)[R][Dec::kSteps]) {
-  if constexpr (Dec::kFactors) Dec::template decode<R>(raw, fl, lane, scratch, w);
+  if constexpr (Dec::kScratch) Dec::template decode<R>(raw, fl, lane, scratch, w);
   else Dec::template decode<R>(raw, w);
 }
 
@@ -485,15 +549,18 @@ struct MatvecCta {
 // at t = 4 (H100, seed head; bench/experiments/cuda_canon_wide.cu's `small`
 // mode, bit-equal: the shape moves no sum). Q8_0 does too: on the Gemma-3
 // head (262,144 x 640) t = 1 took 193.1 against 227.3 us (H200, `small_q80`
-// mode; docs/performance.md), and Q6_K: 1,180 against 1,366 us at t = 1 of a
-// seed-shaped Q6_K head (H100, `small_q6k` mode). The float types keep the tile's.
+// mode; docs/performance.md; 137.3 against 147.7 on an H100 with the shared
+// scales), and Q6_K: 1,180 against 1,366 us at t = 1 of a seed-shaped Q6_K
+// head (H100, `small_q6k` mode; 636 against 677 with the shared factors).
+// The float types keep the tile's.
 template <class Dec, int TT>
 struct CanonShape {
-  static constexpr bool kQuantized = Dec::kFactors || std::is_same_v<Dec, DecodeQ80> || std::is_same_v<Dec, DecodeQ6K>;
+  static constexpr bool kQuantized = Dec::kScratch;
   static constexpr int tile = kQuantized && TT <= 8 ? 8 : TT;
   static constexpr int rows = RowsPerWarp<tile>::value, warps = MatvecCta<tile>::warps,
                        min_ctas = MatvecCta<tile>::min_ctas;
   static constexpr size_t x_budget = MatvecCta<tile>::x_budget;
+  static constexpr bool cross_group = false;
 };
 
 // Copies columns [col0, col0 + chunk_cols) of the t tokens' x into xs,
@@ -538,8 +605,80 @@ __device__ __forceinline__ void compute_unit(const typename Dec::template Raw<R>
   }
 }
 
+// One row group of a warp: R rows from row0, every unit, then the sums'
+// tree and stores. `first` holds unit 0 on entry. Two register buffers
+// alternate (first: even units, second: odd), so the next unit's bytes are
+// in flight while the current one is computed, with no copies between them.
+// The unit after a row's last is the next group's unit 0 when next_row0 >= 0
+// (kCrossGroup: short rows, a few units a group, would otherwise wait for a
+// whole DRAM latency at each group's start), else one unit past the row,
+// never used (the next row tile or the weight's padding, kWeightPadBytes).
+// Returns whether the next group's unit 0 went to `second` (an odd count of
+// units), so the caller swaps the buffers' roles.
+template <class Dec, int TT, int R, bool kCrossGroup>
+__device__ __forceinline__ bool canon_group(typename Dec::template Raw<R>& first, typename Dec::template Raw<R>& second,
+                                            typename Dec::template Lane<R>& ptr, int64_t row0, int64_t next_row0,
+                                            const MatvecArgs& a, const KFactorLane& fl, int lane, float* xs,
+                                            float* scratch, int scratch_half, int lane_stride, int chunk_cols,
+                                            int units, int units_per_chunk, bool one_chunk) {
+  using Lane = typename Dec::template Lane<R>;
+  const float* xs_lane = xs + lane * lane_stride;
+  float acc[R][TT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int k = 0; k < TT; ++k) acc[r][k] = 0.0f;
+  int unit_in_chunk = 0;
+  for (int u = 0; u < units; ++u) {
+    if (!one_chunk && unit_in_chunk == 0) {
+      __syncthreads();  // every warp is done with the previous chunk
+      stage_x(xs, a, (int64_t)u * Dec::kUnit, chunk_cols, lane_stride);
+      __syncthreads();
+    }
+    const int64_t j0 = (int64_t)u * Dec::kUnit + lane;
+    float* sc = scratch + (u & 1) * scratch_half;
+    const bool last = kCrossGroup && u + 1 == units;
+    // the pointers move two units at a time; the unit ahead is an immediate offset
+    if ((u & 1) == 0) {
+      if (last) {
+        if (next_row0 >= 0) {
+          ptr = Lane(a, next_row0, lane);
+          load_unit<Dec, R, 0>(second, ptr, lane);
+        }
+      } else {
+        load_unit<Dec, R, 1>(second, ptr, lane);
+      }
+      compute_unit<Dec, TT, R>(first, fl, lane, sc, xs_lane, lane_stride, unit_in_chunk, j0, a, acc);
+    } else {
+      if (last) {
+        if (next_row0 >= 0) {
+          ptr = Lane(a, next_row0, lane);
+          load_unit<Dec, R, 0>(first, ptr, lane);
+        }
+      } else {
+        ptr.advance(2);
+        load_unit<Dec, R, 0>(first, ptr, lane);
+      }
+      compute_unit<Dec, TT, R>(second, fl, lane, sc, xs_lane, lane_stride, unit_in_chunk, j0, a, acc);
+    }
+    if (++unit_in_chunk == units_per_chunk) unit_in_chunk = 0;
+  }
+
+  // canon_tree32: lane l += lane l + off, off = 16 .. 1; lane 0 holds the dot product
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int k = 0; k < TT; ++k) {
+      if (TT == 1 || k < a.t) {
+        const float v = canon_tree32_warp(acc[r][k]);
+        if (lane == 0 && row0 + r < a.rows) a.y[k * a.ldy + row0 + r] = v;
+      }
+    }
+  return (units & 1) != 0;
+}
+
 template <class Dec, int TT, int R = CanonShape<Dec, TT>::rows, int kWarps = CanonShape<Dec, TT>::warps,
-          int kMinCtas = CanonShape<Dec, TT>::min_ctas>
+          int kMinCtas = CanonShape<Dec, TT>::min_ctas, bool kCrossGroup = CanonShape<Dec, TT>::cross_group>
 __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_canon_kernel(MatvecArgs a, int chunk_cols) {
   using Raw = typename Dec::template Raw<R>;
   using Lane = typename Dec::template Lane<R>;
@@ -547,7 +686,6 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_canon_kernel(Mat
   float* xs = reinterpret_cast<float*>(smem_f4);  // [t][32][lane_stride]
   const int lane_stride = chunk_cols / 32 + kLanePad;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const float* xs_lane = xs + lane * lane_stride;
   float* scratch = xs + a.t * 32 * lane_stride + warp * 2 * 32 * ((R + 1) / 2);  // 2 buffers of the row pairs' factors
   const int scratch_half = 32 * ((R + 1) / 2);
   const KFactorLane fl(lane, a.exponent_bits);
@@ -563,52 +701,28 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_canon_kernel(Mat
     stage_x(xs, a, 0, chunk_cols, lane_stride);
     __syncthreads();
   }
-  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+  int64_t g = blockIdx.x;
+  if (g >= groups) return;
+  Lane ptr(a, (g * kWarps + warp) * R, lane);
+  Raw even, odd;
+  load_unit<Dec, R, 0>(even, ptr, lane);
+  bool swapped = false;  // the group's unit 0 is in odd
+  for (; g < groups; g += gridDim.x) {
     const int64_t row0 = (g * kWarps + warp) * R;
-    float acc[R][TT];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int k = 0; k < TT; ++k) acc[r][k] = 0.0f;
-
-    Lane ptr(a, row0, lane);
-    // two register buffers, alternating: the next unit's bytes are in flight
-    // while the current one is computed (no copies between them)
-    Raw even, odd;
-    load_unit<Dec, R, 0>(even, ptr, lane);
-    int unit_in_chunk = 0;
-    for (int u = 0; u < units; ++u) {
-      if (!one_chunk && unit_in_chunk == 0) {
-        __syncthreads();  // every warp is done with the previous chunk
-        stage_x(xs, a, (int64_t)u * Dec::kUnit, chunk_cols, lane_stride);
-        __syncthreads();
-      }
-      const int64_t j0 = (int64_t)u * Dec::kUnit + lane;
-      float* sc = scratch + (u & 1) * scratch_half;
-      // the pointers move two units at a time; the unit ahead is an immediate
-      // offset. The last unit prefetches one unit past the row: the next row,
-      // or the padding the device allocates after the weight (kWeightPadBytes).
-      if ((u & 1) == 0) {
-        load_unit<Dec, R, 1>(odd, ptr, lane);
-        compute_unit<Dec, TT, R>(even, fl, lane, sc, xs_lane, lane_stride, unit_in_chunk, j0, a, acc);
-      } else {
-        ptr.advance(2);
-        load_unit<Dec, R, 0>(even, ptr, lane);
-        compute_unit<Dec, TT, R>(odd, fl, lane, sc, xs_lane, lane_stride, unit_in_chunk, j0, a, acc);
-      }
-      if (++unit_in_chunk == units_per_chunk) unit_in_chunk = 0;
+    if (!kCrossGroup && g != blockIdx.x) {
+      ptr = Lane(a, row0, lane);
+      load_unit<Dec, R, 0>(even, ptr, lane);
     }
-
-    // canon_tree32: lane l += lane l + off, off = 16 .. 1; lane 0 holds the dot product
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int k = 0; k < TT; ++k) {
-        if (TT == 1 || k < a.t) {
-          const float v = canon_tree32_warp(acc[r][k]);
-          if (lane == 0 && row0 + r < a.rows) a.y[k * a.ldy + row0 + r] = v;
-        }
-      }
+    const int64_t next_row0 = g + gridDim.x < groups ? ((g + gridDim.x) * kWarps + warp) * R : -1;
+    if (!swapped)
+      swapped = canon_group<Dec, TT, R, kCrossGroup>(even, odd, ptr, row0, next_row0, a, fl, lane, xs, scratch,
+                                                     scratch_half, lane_stride, chunk_cols, units, units_per_chunk,
+                                                     one_chunk);
+    else
+      swapped = !canon_group<Dec, TT, R, kCrossGroup>(odd, even, ptr, row0, next_row0, a, fl, lane, xs, scratch,
+                                                      scratch_half, lane_stride, chunk_cols, units, units_per_chunk,
+                                                      one_chunk);
+    if (!kCrossGroup) swapped = false;
   }
 }
 
