@@ -10,9 +10,9 @@ acts="q8") per route, after ten warm-ups:
 (or any GGUF head file, batch size, comma-separated routes -- fused,graph by
 default -- and activation mode -- q8 by default -- given) prints, per device
 event: start (us from the first event), duration, the gap to the previous
-event's end (negative: overlapping) and the kernel's name. E.g. the open
-question of docs/performance.md ("Q6_K takes the same shape"), why the
-canonical Q6_K route's graph takes 100-220 us more than its nodes at t <= 4:
+event's end (negative: overlapping) and the kernel's name. E.g. the
+canonical Q6_K route, whose matvec runs ~230 us longer with programmatic
+dependent launch than without (docs/performance.md, "Found: Q6_K's routes"):
 
     python bench/cuda_head.py --weight-type Q6_K --file q6k.gguf --routes canonical --acts f32 --tokens 1 --no-torch
     python bench/experiments/cuda_route_timeline.py q6k.gguf 1 canonical f32
