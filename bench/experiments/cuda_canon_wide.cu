@@ -93,18 +93,12 @@ static void run_small(const MatvecArgs& a) {
   const size_t smem = (size_t)a.t * 32 * (chunk / 32 + kLanePad) * 4 + (size_t)W * 2 * 32 * ((R + 1) / 2) * 4;
   launch_grid(&matvec_canon_kernel<Dec, TT, R, W, C, kCross>, 32 * W, smem, (int64_t)W * R, a, chunk, true);
 }
-// the tree's shape with the next row group's first unit loaded during a group's last (or not)
-template <int TT, class Dec, bool kCross>
-static void run_cross(const MatvecArgs& a) {
-  using Shape = CanonShape<Dec, TT>;
-  run_small<TT, Shape::rows, Shape::warps, Shape::min_ctas, Dec, kCross>(a);
-}
-
-// run_small in the tree's shape for Dec at TT (CanonShape), the reference of the small modes
-template <int TT, class Dec = DecodeQ5K>
+// run_small in the tree's shape for Dec at TT (CanonShape), the reference of the small
+// modes; kCross: the next row group's first unit loaded during a group's last, or not
+template <int TT, class Dec = DecodeQ5K, bool kCross = CanonShape<Dec, TT>::cross_group>
 static void run_tree(const MatvecArgs& a) {
   using Shape = CanonShape<Dec, TT>;
-  run_small<TT, Shape::rows, Shape::warps, Shape::min_ctas, Dec>(a);
+  run_small<TT, Shape::rows, Shape::warps, Shape::min_ctas, Dec, kCross>(a);
 }
 
 template <int kWarps>
@@ -262,7 +256,7 @@ int main(int argc, char** argv) {
     const Small smalls_q80[] = {
         {1, "(tree)", run_tree<1, DecodeQ80>},
         {1, "4-block units", run_small<1, 4, 16, 1, Q80x4>},
-        {1, "cross-group", run_cross<1, DecodeQ80, true>},
+        {1, "cross-group", run_tree<1, DecodeQ80, true>},
         {1, "4-block cross", run_small<1, 4, 16, 1, Q80x4, true>},
         {1, "R2 W8 C3", run_small<1, 2, 8, 3, DecodeQ80>},  // the tile's own shape (before Q8_0 took the t = 8 one)
         {1, "R4 W8 C2", run_small<1, 4, 8, 2, DecodeQ80>},
@@ -270,15 +264,15 @@ int main(int argc, char** argv) {
         {1, "R1 W16 C2", run_small<1, 1, 16, 2, DecodeQ80>},
         {2, "(tree)", run_tree<2, DecodeQ80>},
         {2, "4-block units", run_small<2, 4, 16, 1, Q80x4>},
-        {2, "cross-group", run_cross<2, DecodeQ80, true>},
+        {2, "cross-group", run_tree<2, DecodeQ80, true>},
         {2, "4-block cross", run_small<2, 4, 16, 1, Q80x4, true>},
         {4, "(tree)", run_tree<4, DecodeQ80>},
         {4, "4-block units", run_small<4, 4, 16, 1, Q80x4>},
-        {4, "cross-group", run_cross<4, DecodeQ80, true>},
+        {4, "cross-group", run_tree<4, DecodeQ80, true>},
         {4, "4-block cross", run_small<4, 4, 16, 1, Q80x4, true>},
         {8, "(tree)", run_tree<8, DecodeQ80>},
         {8, "4-block units", run_small<8, 4, 16, 1, Q80x4>},
-        {8, "cross-group", run_cross<8, DecodeQ80, true>},
+        {8, "cross-group", run_tree<8, DecodeQ80, true>},
         {8, "4-block cross", run_small<8, 4, 16, 1, Q80x4, true>},
         {8, "R2 W16 C1", run_small<8, 2, 16, 1, DecodeQ80>},
     };
@@ -286,7 +280,7 @@ int main(int argc, char** argv) {
         {1, "(tree)", run_tree<1>},
         {1, "R2 W8 C3", run_small<1, 2, 8, 3>},  // the shape before CanonShape
         {1, "R4 W24 C1", run_small<1, 4, 24, 1>},
-        {1, "cross-group", run_cross<1, DecodeQ5K, true>},
+        {1, "cross-group", run_tree<1, DecodeQ5K, true>},
         {2, "(tree)", run_tree<2>},
         {2, "R2 W8 C3", run_small<2, 2, 8, 3>},  // before
         {4, "(tree)", run_tree<4>},
@@ -296,7 +290,7 @@ int main(int argc, char** argv) {
     using Q6 = DecodeQ6K;
     const Small smalls_q6k[] = {
         {1, "(tree)", run_tree<1, Q6>},
-        {1, "cross-group", run_cross<1, Q6, true>},
+        {1, "cross-group", run_tree<1, Q6, true>},
         {1, "R2 W8 C3", run_small<1, 2, 8, 3, Q6>},  // the tile's own shape (before Q6_K took the t = 8 one)
         {1, "R4 W16 C1", run_small<1, 4, 16, 1, Q6>},  // the t = 8 tile's
         {1, "R4 W8 C2", run_small<1, 4, 8, 2, Q6>},
@@ -304,7 +298,7 @@ int main(int argc, char** argv) {
         {2, "R2 W8 C3", run_small<2, 2, 8, 3, Q6>},
         {2, "R4 W16 C1", run_small<2, 4, 16, 1, Q6>},
         {4, "(tree)", run_tree<4, Q6>},
-        {4, "cross-group", run_cross<4, Q6, true>},
+        {4, "cross-group", run_tree<4, Q6, true>},
         {4, "R4 W8 C2", run_small<4, 4, 8, 2, Q6>},
         {4, "R4 W16 C1", run_small<4, 4, 16, 1, Q6>},
     };

@@ -104,11 +104,17 @@ __device__ __forceinline__ float canon_tree32_warp(float v) {
 // `exponent` is kExponentBits passed in as a kernel argument: a value the
 // compiler cannot fold keeps it in a register, so each PRMT encodes its byte
 // selector as an immediate instead of first moving a constant into a register.
+// `less` (a small integer) comes off in the same subtraction: q - less, exactly.
 constexpr uint32_t kExponentBits = 0x4B000000u;  // the float 2^23
-__device__ __forceinline__ float byte_as_float(uint32_t q, uint32_t c, uint32_t exponent) {
-  return __int_as_float((int)__byte_perm(q, exponent, 0x7540u | c)) - 8388608.0f;
+__device__ __forceinline__ float byte_as_float(uint32_t q, uint32_t c, uint32_t exponent, float less = 0.0f) {
+  return __int_as_float((int)__byte_perm(q, exponent, 0x7540u | c)) - (8388608.0f + less);
 }
 __device__ __forceinline__ float byte_as_float(uint32_t q, uint32_t c) { return byte_as_float(q, c, kExponentBits); }
+
+// Bytes b0..b3 (each < 256) as one word, b0 lowest.
+__device__ __forceinline__ uint32_t pack_bytes4(uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
+  return __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
+}
 
 __device__ __forceinline__ float half_bits_to_float(uint32_t h) {
   return __half2float(__ushort_as_half((unsigned short)h));  // exact, like f16_to_f32
@@ -327,8 +333,7 @@ struct DecodeQ6K {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const uint8_t* b = p.row[r] + o;
-      raw.ql[r] = __byte_perm(__byte_perm(ld_weight_u8(b), ld_weight_u8(b + 32), 0x0040),
-                              __byte_perm(ld_weight_u8(b + 64), ld_weight_u8(b + 96), 0x0040), 0x5410);
+      raw.ql[r] = pack_bytes4(ld_weight_u8(b), ld_weight_u8(b + 32), ld_weight_u8(b + 64), ld_weight_u8(b + 96));
       raw.qh[r] = __byte_perm(ld_weight_u8(b + kQ6KQhOffset), ld_weight_u8(b + kQ6KQhOffset + 32), 0x0040);
     }
   }
@@ -341,8 +346,7 @@ struct DecodeQ6K {
 #pragma unroll
     for (int p = 0; p < (R + 1) / 2; ++p)
       if (R % 2 == 0 || 2 * p + (lane >> 4) < R) {
-        // 2^23 + (scale + 128), less 2^23 + 128: the int8 exactly
-        const float sc = __int_as_float((int)__byte_perm(raw.sc[p] ^ 0x80u, fl.exponent, 0x7540u)) - 8388736.0f;
+        const float sc = byte_as_float(raw.sc[p] ^ 0x80u, 0, fl.exponent, 128.0f);  // the int8, exactly
         scratch[32 * p + slot] = half_bits_to_float(raw.d[p]) * sc;
       }
     __syncwarp();
@@ -356,8 +360,7 @@ struct DecodeQ6K {
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
         const uint32_t word = (s & 2) ? qb : qa, byte = (uint32_t)((s & 1) | ((s >> 2) << 1));
-        // 2^23 + q, less 2^23 + 32: q - 32 exactly
-        const float q = __int_as_float((int)__byte_perm(word, fl.exponent, 0x7540u | byte)) - 8388640.0f;
+        const float q = byte_as_float(word, byte, fl.exponent, 32.0f);  // q - 32, exactly
         w[r][s] = f[s] * q;  // as dequant_block_q6_k: (d * scale) * q, two roundings
       }
     }
@@ -421,9 +424,8 @@ struct DecodeQ80Units {
 #pragma unroll
       for (int i = 0; i < kWords; ++i) {
         const uint8_t* b = p.qs[r] + o + 4 * i * kBlockStride;
-        raw.qs[r][i] = __byte_perm(__byte_perm(ld_weight_u8(b), ld_weight_u8(b + kBlockStride), 0x0040),
-                                   __byte_perm(ld_weight_u8(b + 2 * kBlockStride), ld_weight_u8(b + 3 * kBlockStride), 0x0040),
-                                   0x5410);
+        raw.qs[r][i] = pack_bytes4(ld_weight_u8(b), ld_weight_u8(b + kBlockStride), ld_weight_u8(b + 2 * kBlockStride),
+                                   ld_weight_u8(b + 3 * kBlockStride));
       }
   }
   template <int R>
@@ -440,8 +442,8 @@ struct DecodeQ80Units {
         const float ds[4] = {d.x, d.y, d.z, d.w};
         const uint32_t q = raw.qs[r][i] ^ 0x80808080u;  // int8 + 128 in each byte
 #pragma unroll
-        for (int c = 0; c < 4; ++c)  // as dequant_block_q8_0: (float)q * d; 2^23 + (q + 128), less 2^23 + 128: q exactly
-          w[r][4 * i + c] = (__int_as_float((int)__byte_perm(q, fl.exponent, 0x7540u | c)) - 8388736.0f) * ds[c];
+        for (int c = 0; c < 4; ++c)  // as dequant_block_q8_0: (float)q * d, the int8 q exactly
+          w[r][4 * i + c] = byte_as_float(q, c, fl.exponent, 128.0f) * ds[c];
       }
   }
 };
@@ -613,8 +615,8 @@ __device__ __forceinline__ void compute_unit(const typename Dec::template Raw<R>
 // (kCrossGroup: short rows, a few units a group, would otherwise wait for a
 // whole DRAM latency at each group's start), else one unit past the row,
 // never used (the next row tile or the weight's padding, kWeightPadBytes).
-// Returns whether the next group's unit 0 went to `second` (an odd count of
-// units), so the caller swaps the buffers' roles.
+// Returns whether the next group's unit 0 went to `second` (kCrossGroup and an
+// odd count of units), so the caller swaps the buffers' roles.
 template <class Dec, int TT, int R, bool kCrossGroup>
 __device__ __forceinline__ bool canon_group(typename Dec::template Raw<R>& first, typename Dec::template Raw<R>& second,
                                             typename Dec::template Lane<R>& ptr, int64_t row0, int64_t next_row0,
@@ -674,7 +676,7 @@ __device__ __forceinline__ bool canon_group(typename Dec::template Raw<R>& first
         if (lane == 0 && row0 + r < a.rows) a.y[k * a.ldy + row0 + r] = v;
       }
     }
-  return (units & 1) != 0;
+  return kCrossGroup && (units & 1) != 0;
 }
 
 template <class Dec, int TT, int R = CanonShape<Dec, TT>::rows, int kWarps = CanonShape<Dec, TT>::warps,
@@ -722,7 +724,6 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) matvec_canon_kernel(Mat
       swapped = !canon_group<Dec, TT, R, kCrossGroup>(odd, even, ptr, row0, next_row0, a, fl, lane, xs, scratch,
                                                       scratch_half, lane_stride, chunk_cols, units, units_per_chunk,
                                                       one_chunk);
-    if (!kCrossGroup) swapped = false;
   }
 }
 
