@@ -40,6 +40,7 @@
 #include <string>
 #include <type_traits>
 
+#include "byte_pack.cuh"
 #include "kernels.h"
 #include "muser/quant_blocks.h"
 #include "pdl.cuh"
@@ -110,11 +111,6 @@ __device__ __forceinline__ float byte_as_float(uint32_t q, uint32_t c, uint32_t 
   return __int_as_float((int)__byte_perm(q, exponent, 0x7540u | c)) - (8388608.0f + less);
 }
 __device__ __forceinline__ float byte_as_float(uint32_t q, uint32_t c) { return byte_as_float(q, c, kExponentBits); }
-
-// Bytes b0..b3 (each < 256) as one word, b0 lowest.
-__device__ __forceinline__ uint32_t pack_bytes4(uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
-  return __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
-}
 
 __device__ __forceinline__ float half_bits_to_float(uint32_t h) {
   return __half2float(__ushort_as_half((unsigned short)h));  // exact, like f16_to_f32

@@ -16,6 +16,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "byte_pack.cuh"
 #include "quant_types.h"
 
 namespace muser::cuda {
@@ -156,8 +157,8 @@ __device__ __forceinline__ void quantize_q8_chunk(const float* xrow, int64_t K, 
     }
   }
   uint2 packed;
-  packed.x = __byte_perm(__byte_perm(q[0], q[1], 0x0040), __byte_perm(q[2], q[3], 0x0040), 0x5410);
-  packed.y = __byte_perm(__byte_perm(q[4], q[5], 0x0040), __byte_perm(q[6], q[7], 0x0040), 0x5410);
+  packed.x = pack_bytes4(q[0], q[1], q[2], q[3]);
+  packed.y = pack_bytes4(q[4], q[5], q[6], q[7]);
   *reinterpret_cast<uint2*>(xq + k * pitch + c0) = packed;
 }
 
