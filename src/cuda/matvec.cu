@@ -169,8 +169,21 @@ void launch_persistent(const void* kernel, void** params, int threads, size_t sm
   launch_pdl(kernel, dim3((unsigned)grid), dim3(threads), smem_bytes, stream, ("launch " + what).c_str(), params);
 }
 
+// A kernel launched with PDL behind the norm's kernels runs in their SMs' split
+// of L1 and shared memory unless it asks for its own, and the matvecs whose
+// small loads of the weight touch each sector several times lost to it (H100,
+// the route against the kernel alone): the stream kernel 8 % (t = 16: 1,880
+// against 1,726 us; with this preference 1,739-1,741), canonical Q6_K 37 % (t =
+// 1: 849 against 622; with it 626), the Q6_K q8 register kernel 1.9 x (t = 1:
+// 2,260 against 1,212; with it 1,184).
+void prefer_max_l1(const void* kernel, const char* what) {
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxL1),
+        (std::string("cudaFuncSetAttribute(") + what + " carveout)").c_str());
+}
+
 void launch_matvec_kernel(const void* kernel, const MatvecArgs& a, const MatvecPlan& p, int rows_per_warp, int warps,
                           cudaStream_t stream) {
+  prefer_max_l1(kernel, "matvec_canon");
   MatvecArgs args = a;
   int chunk = p.chunk_cols;
   void* params[] = {&args, &chunk};
@@ -224,12 +237,7 @@ bool matvec_stream_fits(const MatvecArgs& a) { return k_quant_with_aligned_x(a);
 void launch_matvec_stream(const void* kernel, const MatvecArgs& a, cudaStream_t stream) {
   MatvecArgs args = a;
   void* params[] = {&args};
-  // Its 40 KB leave the SM's split of L1 and shared memory to the driver, and
-  // launched with PDL behind the norm's kernels it ran 8 % slower (H100, t = 16:
-  // 1,880 us the route against 1,726 for the kernel alone; a plain launch or this
-  // preference: 1,739-1,741). Asking for the most L1 gives the launch its own split.
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxL1),
-        "cudaFuncSetAttribute(matvec_canon_stream carveout)");
+  prefer_max_l1(kernel, "matvec_canon_stream");
   launch_persistent(kernel, params, 32 * kStreamWarps, stream_smem_bytes(), a.rows, (int64_t)kStreamWarps * kWideRows,
                     stream, "matvec_canon_stream");
 }

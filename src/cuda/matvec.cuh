@@ -1160,6 +1160,9 @@ void launch_matvec_kernel(const void* kernel, const MatvecArgs& a, const MatvecP
 // kernel in errors ("<what>: no CTA fits ...").
 void launch_persistent(const void* kernel, void** params, int threads, size_t smem_bytes, int64_t rows,
                        int64_t rows_per_cta, cudaStream_t stream, const std::string& what);
+// Asks the driver to give kernel's launches the most L1 the SM allows (matvec.cu:
+// which kernels need it, and why).
+void prefer_max_l1(const void* kernel, const char* what);
 
 // Per-type entry points (matvec_<type>.cu): run one token tile, t <= 64.
 void matvec_canon_q5_k(const MatvecArgs& a, cudaStream_t stream);

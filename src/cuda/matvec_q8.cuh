@@ -1305,7 +1305,9 @@ void launch_matvec_q8_tiles(const Q8Args& a, cudaStream_t stream) {
   auto go = [&](auto tiles) {
     constexpr int NT = decltype(tiles)::value;
     const Q8Plan p = plan_matvec_q8(a, 8 * NT, Dec::kMetaCols, Q8Staging<Dec, 2>::kRecBytes, 8 * NT);
-    launch_matvec_q8_kernel(reinterpret_cast<const void*>(&matvec_q8_kernel<Dec, NT>), a, p, stream);
+    const void* kernel = reinterpret_cast<const void*>(&matvec_q8_kernel<Dec, NT>);
+    prefer_max_l1(kernel, "matvec_q8");  // its halfword loads of Q6_K touch each sector often
+    launch_matvec_q8_kernel(kernel, a, p, stream);
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
