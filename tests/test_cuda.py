@@ -262,7 +262,8 @@ def test_q8_bitwise_equal_to_cpu_when_columns_are_staged_in_chunks(heads_dir, we
         assert_bitwise(gpu(x), cpu(x).copy(), f"{weight_type} q8 wide t={t}", "cuda")
 
 
-@pytest.mark.parametrize("weight_type,hidden,t", [("Q5_K", 16384, 8), ("Q8_0", 16384, 7), ("Q5_K", 98304, 1)])
+@pytest.mark.parametrize("weight_type,hidden,t", [("Q5_K", 16384, 8), ("Q8_0", 16384, 7), ("Q5_K", 98304, 1),
+                                                  ("Q6_K", 16384, 8), ("Q6_K", 98304, 1)])
 def test_q8_staged_kernel_bitwise_equal_to_cpu_with_column_chunks(heads_dir, weight_type, hidden, t):
     # t <= 8 runs the staged kernel; these widths overflow its 100 KB of staged quants and
     # records, so it stages column chunks (the records at their padded pitch, from a chunk's
@@ -575,7 +576,7 @@ def test_fifty_load_step_del_cycles_return_device_memory_to_its_baseline(head_fi
 # of 81..128 on the two-warpgroup kernel, computed as a multiple of 16; a last part of
 # fewer than 49 on the kernels above: 50, 64, 65, 90, 100, 128, 129, 192, 200 and 256 end
 # a launch in every way),
-# the other types and devices launches of 32 (64 for Q6_K); the canonical route: its 1..64
+# the other types and devices launches of 32; the canonical route: its 1..64
 # tiles, and on the seed's hidden size tiles of 8 (x of more tokens does not fit shared
 # memory whole)
 

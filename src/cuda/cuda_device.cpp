@@ -738,7 +738,8 @@ class CudaDevice final : public Device {
     }();
     const bool on = k == 0 ? setting >= 1 : setting == 2;
     if (!on || steps_.empty() || t > kQ8FoldMaxTokens || out_.rows != spec_.vocab) return false;
-    // (Q6_K's only kernel computes no top-k partials: matvec_q8.cuh, Q8ArgmaxAtomic)
+    // (Q6_K's register kernel, where its launches fall when the staged kernels' stages do
+    // not fit, computes no top-k partials: matvec_q8.cuh, Q8ArgmaxAtomic)
     if (k > 0 && (!topk_bests_fit(spec_.vocab, t, k) || out_.type == (uint32_t)GgmlType::Q6_K)) return false;
     const Step& last = steps_.back();
     return is_q8(nodes_[last.first].kind) && (last.count == 1 || q8_fold(last, t).op != EpilogueOp::None);

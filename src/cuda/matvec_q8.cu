@@ -136,14 +136,14 @@ void launch_matvec_q8_kernel(const void* kernel, const Q8Args& a, const Q8Plan& 
   launch_persistent(kernel, params, threads, p.smem_bytes, a.rows, rows_per_cta, stream, "matvec_q8");
 }
 
-int q8_token_tile(uint32_t type) {
-  // 32 for the types with a staged kernel: 64 tokens of the seed head took 1,364 us in the
-  // register kernel (8 tiles), 2 x 460 in two staged launches of 32 (now 2 x 376 streamed);
-  // the Gemma-3 head (Q8_0, 640 columns) 219.7 us in one register launch, 204.7 in two
-  // staged ones, and 440.3 against 403.1 us at t = 128 (docs/performance.md). Q6_K has
-  // only the register kernel: 64. MUSER_Q8_TOKEN_TILE=32|64 overrides, for measuring.
+int q8_token_tile(uint32_t) {
+  // 32 tokens a launch (the staged and streamed batch kernels): 64 tokens of the seed head
+  // took 1,364 us in the register kernel (8 tiles), 2 x 460 in two staged launches of 32
+  // (now 2 x 376 streamed); the Gemma-3 head (Q8_0, 640 columns) 219.7 us in one register
+  // launch, 204.7 in two staged ones, and 440.3 against 403.1 us at t = 128
+  // (docs/performance.md). MUSER_Q8_TOKEN_TILE=32|64 overrides, for measuring.
   if (const char* e = std::getenv("MUSER_Q8_TOKEN_TILE")) return std::atoi(e) == 64 ? 64 : 32;
-  return type == (uint32_t)GgmlType::Q6_K ? 64 : 32;
+  return 32;
 }
 
 Q8Call q8_tokens(const Q8Call& a, int k0, int count) {

@@ -417,20 +417,39 @@ struct Q8DecQ6K {
     uint32_t sc[2][4];  // scales[4k .. 4k+3]
     uint32_t d[2];
   };
-  template <int kAhead>
-  static __device__ __forceinline__ void load(Raw& r, const Rows& p) {
+  // The lane's fields of row i's block, whatever holds it: word(i, byte) gives
+  // the 4 bytes at an even offset, half(i, byte) 2 (a Q6_K block is 210 bytes,
+  // so every other row of a tile starts 2 bytes off a word).
+  template <class Word, class Half>
+  static __device__ __forceinline__ void gather(Raw& r, int q, Word word, Half half) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const uint8_t* b = p.b[i] + kAhead * kBlockStride;
-      const uint8_t* lq = b + p.q4;
 #pragma unroll
-      for (int w = 0; w < 8; ++w) r.ql[i][w] = ld_weight_u32_a2(lq + 64 * (w >> 2) + 32 * ((w >> 1) & 1) + 16 * (w & 1));
+      for (int w = 0; w < 8; ++w) r.ql[i][w] = word(i, 4 * q + 64 * (w >> 2) + 32 * ((w >> 1) & 1) + 16 * (w & 1));
 #pragma unroll
-      for (int w = 0; w < 4; ++w) r.qh[i][w] = ld_weight_u32_a2(lq + kQ6KQhOffset + 32 * (w >> 1) + 16 * (w & 1));
+      for (int w = 0; w < 4; ++w) r.qh[i][w] = word(i, kQ6KQhOffset + 4 * q + 32 * (w >> 1) + 16 * (w & 1));
 #pragma unroll
-      for (int k = 0; k < 4; ++k) r.sc[i][k] = ld_weight_u32_a2(b + kQ6KScalesOffset + 4 * k);
-      r.d[i] = ld_weight_u16(b + kQ6KDOffset);
+      for (int k = 0; k < 4; ++k) r.sc[i][k] = word(i, kQ6KScalesOffset + 4 * k);
+      r.d[i] = half(i, kQ6KDOffset);
     }
+  }
+  static_assert(kQ6KQhOffset % 2 == 0 && kQ6KScalesOffset % 2 == 0 && kQ6KDOffset % 2 == 0, "halfword fields");
+  template <int kAhead>
+  static __device__ __forceinline__ void load(Raw& r, const Rows& p) {
+    const int q = p.q4 >> 2;
+    gather(
+        r, q, [&](int i, int byte) { return ld_weight_u32_a2(p.b[i] + kAhead * kBlockStride + byte); },
+        [&](int i, int byte) { return (uint32_t)ld_weight_u16(p.b[i] + kAhead * kBlockStride + byte); });
+  }
+  // the same fields from a unit staged in shared memory ([16 rows][210 bytes],
+  // matvec_q8_staged_kernel): 2-byte aligned reads, as Q8_0's
+  static constexpr bool kStageable = true;
+  static constexpr int kUnitBytes = kBlockBytes;  // one block per unit
+  static __device__ __forceinline__ void load_staged(Raw& r, const uint8_t* st, int G, int q) {
+    auto halves = [&](int i) { return reinterpret_cast<const uint16_t*>(st + (G + 8 * i) * kBlockBytes); };
+    gather(
+        r, q, [&](int i, int byte) { return __byte_perm(halves(i)[byte >> 1], halves(i)[(byte >> 1) + 1], 0x5410); },
+        [&](int i, int byte) { return (uint32_t)halves(i)[byte >> 1]; });
   }
   template <int NT, int kJ>
   static __device__ __forceinline__ void compute(const Raw& r, const Q8Smem& sm, int /*blocks_left*/,
