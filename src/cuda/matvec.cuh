@@ -550,7 +550,11 @@ struct MatvecCta {
 // mode; docs/performance.md; 137.3 against 147.7 on an H100 with the shared
 // scales), and Q6_K: 1,180 against 1,366 us at t = 1 of a seed-shaped Q6_K
 // head (H100, `small_q6k` mode; 636 against 677 with the shared factors).
-// The float types keep the tile's.
+// The float types keep the tile's. Q8_0 at t <= 2 loads the next row group's
+// first unit during a group's last (kCrossGroup): Gemma-3's rows are 3 units,
+// and each group's start waited a DRAM latency. Its route took 126 against 140
+// us at t = 1, 160 against 173 at t = 2 (H100, the same binary, two runs); at
+// t = 8 the harness had it slower (397 against 331 us), at t = 4 level.
 template <class Dec, int TT>
 struct CanonShape {
   static constexpr bool kQuantized = Dec::kScratch;
@@ -558,7 +562,7 @@ struct CanonShape {
   static constexpr int rows = RowsPerWarp<tile>::value, warps = MatvecCta<tile>::warps,
                        min_ctas = MatvecCta<tile>::min_ctas;
   static constexpr size_t x_budget = MatvecCta<tile>::x_budget;
-  static constexpr bool cross_group = false;
+  static constexpr bool cross_group = std::is_same_v<Dec, DecodeQ80> && TT <= 2;
 };
 
 // Copies columns [col0, col0 + chunk_cols) of the t tokens' x into xs,
