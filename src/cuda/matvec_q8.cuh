@@ -401,8 +401,8 @@ struct Q8DecQ6K {
   static constexpr bool kMins = false;
   struct Rows {
     const uint8_t* b[2];
-    int q4;  // 4q
-    __device__ Rows(const Q8Args& a, int64_t row_a, int64_t row_b, int q) : q4(4 * q) {
+    int q;  // the lane's quad
+    __device__ Rows(const Q8Args& a, int64_t row_a, int64_t row_b, int quad) : q(quad) {
       b[0] = q8_row_ptr<kBlockBytes>(a, row_a);
       b[1] = q8_row_ptr<kBlockBytes>(a, row_b);
     }
@@ -436,9 +436,8 @@ struct Q8DecQ6K {
   static_assert(kQ6KQhOffset % 2 == 0 && kQ6KScalesOffset % 2 == 0 && kQ6KDOffset % 2 == 0, "halfword fields");
   template <int kAhead>
   static __device__ __forceinline__ void load(Raw& r, const Rows& p) {
-    const int q = p.q4 >> 2;
     gather(
-        r, q, [&](int i, int byte) { return ld_weight_u32_a2(p.b[i] + kAhead * kBlockStride + byte); },
+        r, p.q, [&](int i, int byte) { return ld_weight_u32_a2(p.b[i] + kAhead * kBlockStride + byte); },
         [&](int i, int byte) { return (uint32_t)ld_weight_u16(p.b[i] + kAhead * kBlockStride + byte); });
   }
   // the same fields from a unit staged in shared memory ([16 rows][210 bytes],
