@@ -42,7 +42,7 @@ size_t acts_q8_scratch_bytes(uint32_t type, int64_t K, int t) {
   const size_t records = (size_t)t * (size_t)(pitch / q8_meta_cols(kind));
   const size_t f16_records = kind == Q8Kind::Sum32 ? records * kQ8F16RecSrcBytes : 0;
   // the wgmma kernel's layout after the records, 128-byte aligned
-  const size_t wg = kind == Q8Kind::Sum32 && t >= q8_wgmma_min_tokens() ? q8_wgmma_acts_bytes(K, t) + 128 : 0;
+  const size_t wg = q8_wgmma_type(type) && t >= q8_wgmma_min_tokens(type) ? q8_wgmma_acts_bytes(K, t) + 128 : 0;
   return quants + records * (size_t)q8_rec_bytes(kind) + f16_records + wg;
 }
 
@@ -82,8 +82,10 @@ void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int
   a->meta_per_token = per_token;
   a->t = t;
   a->wg = nullptr;
-  if (kind == Q8Kind::Sum32 && q8_wgmma_ready(type, t)) {
-    const uintptr_t end = reinterpret_cast<uintptr_t>(meta_f16 + (size_t)t * (size_t)per_token * kQ8F16RecSrcBytes);
+  if (q8_wgmma_ready(type, t)) {
+    const uint8_t* records_end = meta_f16 ? meta_f16 + (size_t)t * (size_t)per_token * kQ8F16RecSrcBytes
+                                          : meta + (size_t)t * (size_t)per_token * q8_rec_bytes(kind);
+    const uintptr_t end = reinterpret_cast<uintptr_t>(records_end);
     auto* wg = reinterpret_cast<uint8_t*>((end + 127) / 128 * 128);
     q8_wgmma_relayout(*a, K, wg, stream);
     a->wg = wg;
@@ -161,12 +163,12 @@ Q8Call q8_tokens(const Q8Call& a, int k0, int count) {
 void matvec_q8(const Q8Call& a, cudaStream_t stream) {
   if (a.select && a.t > kQ8FoldMaxTokens)  // one launch whose tiles fold (store_q8_tile)
     throw DeviceError("matvec_q8: a selection in the matvec takes at most kQ8FoldMaxTokens tokens");
-  if (a.wg && a.t >= q8_wgmma_min_tokens()) {  // laid out by quantize_acts_q8 where the device takes the kernel
+  if (a.wg && a.t >= q8_wgmma_min_tokens(a.type)) {  // laid out by quantize_acts_q8 where the device takes the kernel
     // launches of kQ8WgmmaChunk tokens; a last part below the threshold takes the mma.sync
     // kernels, which are faster there (t = 129: 128 + 1 tokens, the one at t = 1's cost)
     for (int k0 = 0; k0 < a.t; k0 += kQ8WgmmaChunk) {
       const Q8Call part = q8_tokens(a, k0, std::min(kQ8WgmmaChunk, a.t - k0));
-      if (part.t >= q8_wgmma_min_tokens()) matvec_q8_wgmma(part, stream);
+      if (part.t >= q8_wgmma_min_tokens(a.type)) matvec_q8_wgmma(part, stream);
       else matvec_q8(part, stream);
     }
     return;

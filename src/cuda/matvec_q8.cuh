@@ -1280,24 +1280,29 @@ bool launch_matvec_q8_stream(const Q8Args& a, cudaStream_t stream) {
   return true;
 }
 
-// Batches of Q4_K/Q5_K on Hopper (matvec_q8_wgmma_sm90a.cu): from q8_wgmma_min_tokens()
+// Batches of Q4_K/Q5_K/Q6_K on Hopper (matvec_q8_wgmma_sm90a.cu): from q8_wgmma_min_tokens()
 // tokens on, launches of up to kQ8WgmmaChunk tokens whose integer sums run on wgmma (a
 // last part below it runs on the mma.sync kernels). Launches of kQ8WsMinTokens ...
-// kQ8WsMaxTokens take the warp-specialized kernel (decoder and math warpgroups): t = 64
-// 646 against 751 us on the streamed kernel, t = 80 683 against 846 on the two-warpgroup
-// one; at 32 it loses (519 against 385). Launches of 81 ... 128 take the two-warpgroup
-// kernel, whose threshold alone was 65 (at 64 it tied the streamed kernel, 753 against
-// 755 us; at 48 it lost, 738 against 624; docs/performance.md).
+// kQ8WsMaxTokens of Q4_K/Q5_K take the warp-specialized kernel (decoder and math
+// warpgroups): t = 64 646 against 751 us on the streamed kernel, t = 80 683 against 846 on
+// the two-warpgroup one; at 32 it loses (519 against 385). Launches of 81 ... 128 take the
+// two-warpgroup kernel, whose threshold alone was 65 (at 64 it tied the streamed kernel,
+// 753 against 755 us; at 48 it lost, 738 against 624; docs/performance.md). Q6_K takes the
+// two-warpgroup kernel from kQ8WgmmaMinTokensQ6K tokens on.
 constexpr int kQ8WgmmaMinTokens = 65;
+constexpr int kQ8WgmmaMinTokensQ6K = 33;
 constexpr int kQ8WgmmaChunk = 128;
 constexpr int kQ8WsMinTokens = 49;
 constexpr int kQ8WsMaxTokens = 80;
 // whether launches of kQ8WsMinTokens ... kQ8WsMaxTokens take the warp-specialized
 // kernel (MUSER_Q8_WS=0: the two-warpgroup kernel from kQ8WgmmaMinTokens on, for measuring)
 bool q8_ws_enabled();
-// the threshold in force: kQ8WsMinTokens, or kQ8WgmmaMinTokens without the warp-specialized
-// kernel (MUSER_Q8_WGMMA=0 turns the kernels off, =<t> moves it, for measuring)
-int q8_wgmma_min_tokens();
+// the weight types the wgmma kernels take
+bool q8_wgmma_type(uint32_t type);
+// the threshold in force for a type: kQ8WsMinTokens (Q4_K/Q5_K), or kQ8WgmmaMinTokens without
+// the warp-specialized kernel; kQ8WgmmaMinTokensQ6K (MUSER_Q8_WGMMA=0 turns the kernels off,
+// =<t> moves every threshold, for measuring)
+int q8_wgmma_min_tokens(uint32_t type);
 // whether t tokens of a `type` weight go to the wgmma kernel on the current device
 bool q8_wgmma_ready(uint32_t type, int t);
 // tokens of its activation layout for a call of t tokens (any slice of 8-token groups

@@ -1,4 +1,4 @@
-// acts="q8" batches of Q4_K/Q5_K on Hopper: the integer sums on wgmma, compiled
+// acts="q8" batches of Q4_K/Q5_K/Q6_K on Hopper: the integer sums on wgmma, compiled
 // for sm_90a alone (its own target, src/cuda/CMakeLists.txt) and launched only on
 // a 9.0 device (q8_wgmma_ready). The same integers and the same float chain as
 // every other q8 kernel (docs/numerics.md, "CUDA q8"), so the logits are the
@@ -28,6 +28,16 @@
 // chains' instruction latency, not the tensor cores): docs/performance.md.
 // Launches of 49 ... 80 tokens run the same steps with the decode in warpgroups of
 // its own (matvec_q8_wgmma_ws_kernel, below).
+//
+// Q6_K (WgQ6K) takes the same kernel with planes of its own. Its weights are
+// w = sc * (q - 32) (sc a signed byte, q six bits), |w| <= 4,096: no split of the
+// scale keeps q * part below 256, so the planes split the product instead.
+// W' = w + 4,096 is in [0, 8,192]; 4 W' = q * 4 sc + (16,384 - 128 sc), two
+// elements a word in 16-bit halves by one IMAD (each half stays in [0, 32,768],
+// so no carry crosses), and the halves' high bytes are hi = floor(W' / 64) in
+// [0, 128], their low bytes lo4 = 4 (W' mod 64): one PRMT each for four
+// elements. isum = 64 (hi . x - 64 S) + (lo4 . x) / 4, with S the token's block
+// sum: the hi accumulators start at -64 S (relayout wrote it in the mins' place).
 //
 // Activations. quantize_acts_q8 also writes every token's quants, mins halves
 // and scales in the layout the wgmma operands read (q8_wgmma_relayout_kernel),
@@ -81,13 +91,15 @@ constexpr int kWgPlaneBytes = kWgRows * kQK_K;
 // (a step's decode costs the same at any N, its products and chains scale with N).
 MUSER_HD constexpr int wg_tokens(int count) { return count <= 32 ? 32 : count <= 64 ? 64 : (count + 15) / 16 * 16; }
 
-template <bool kHigh, int N>
+template <class F, int N>
 struct WgLayout {
-  static constexpr int kBlockBytes = Q8DecKQuant<kHigh>::kBlockBytes;
+  static constexpr int kBlockBytes = F::kBlockBytes;
   static constexpr int kRaw = kWgCtaRows * kBlockBytes;  // the CTA's rows' block: 8 row tiles
   static constexpr int kActs = WgActs<N>::kBytes;  // the tokens' block: quants, mins, dx
   static constexpr int kMins = WgActs<N>::kMins, kDx = WgActs<N>::kDx;
   static constexpr int kStage = kRaw + kActs;
+  // the bytes a stage's copies bring: the format's per-token record, not all of its room
+  static constexpr int kCopied = kRaw + N * (kQK_K + F::kTokExtraBytes + kWgDxBytes);
   static constexpr int kPlanes = 2 * 2 * kWgPlaneBytes;  // [warpgroup][hi, lo]
   // as many stages as the H100/H200's 227 KB a CTA hold (2 at 128 tokens, 3 at 80..112,
   // 4 at 64, 5 at 32)
@@ -97,7 +109,8 @@ struct WgLayout {
   static constexpr size_t kSmem = (size_t)kBars + kStages * 8 + kStages * 4;
   static_assert(kStages >= 2, "two stages at least");
   static_assert(kSmem <= kWgSmemBudget, "q8_wgmma_ready checks the device for the budget, not each layout");
-  static_assert(kRaw % 16 == 0 && kActs % 16 == 0 && kBars % 8 == 0, "bulk copies move 16-byte pieces");
+  static_assert(kRaw % 16 == 0 && kActs % 16 == 0 && kBars % 8 == 0 && (N * F::kTokExtraBytes) % 16 == 0,
+                "bulk copies move 16-byte pieces");
 };
 
 // ---------------------------------------------------------------- PTX
@@ -356,26 +369,208 @@ __device__ __forceinline__ void wg_block_step(uint64_t da, const uint8_t* xs, co
   }
 }
 
+// ---------------------------------------------------------------- the formats
+
+// What the kernels ask of a weight format F:
+//   kBlockBytes, kTokExtraBytes (the record a token's block copies after its quants);
+//   Sums<N>: a thread's chain sums; Rows: what the chains need of rows hrow, hrow + 8,
+//   from their blocks' first bytes (the raw stage, or the decoder's headers);
+//   decode(row, planes, r, u): item u (0..3) of row r into the two planes;
+//   step<N>(da, xs, rows, q, sums, planes_read): the block's integer sums and chains;
+//   result(sums, i): the logit of accumulator i.
+
+// Q4_K/Q5_K: planes q * (sc >> 3), q * (sc & 7); the mins on an f16 wgmma.
+template <bool kHigh>
+struct WgKQuant {
+  static constexpr int kBlockBytes = Q8DecKQuant<kHigh>::kBlockBytes;
+  static constexpr int kTokExtraBytes = kWgMinsBytes;
+  template <int N>
+  struct Sums {
+    float q[N / 2], m[N / 2];
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) q[i] = m[i] = 0.0f;
+    }
+  };
+  struct Rows {
+    KScales ks[2];
+    uint32_t am[4];  // the mins' A fragment (exact: kquant_mins_f16_frag)
+    __device__ __forceinline__ Rows(const uint8_t* r0, const uint8_t* r1, int q)
+        : ks{KScales(*reinterpret_cast<const uint4*>(r0)), KScales(*reinterpret_cast<const uint4*>(r1))} {
+      kquant_mins_f16_frag(ks, q, am);
+    }
+  };
+  static __device__ __forceinline__ void decode(const uint8_t* row, uint8_t* planes, int r, int u) {
+    wg_decode<kHigh>(row, planes, r, u);
+  }
+  template <int N, class PlanesRead>
+  static __device__ __forceinline__ void step(uint64_t da, const uint8_t* xs, const Rows& rows, int q, Sums<N>& s,
+                                              PlanesRead planes_read) {
+    wg_block_step<N>(da, xs, rows.ks, rows.am, q, s.q, s.m, planes_read);
+  }
+  template <int N>
+  static __device__ __forceinline__ float result(const Sums<N>& s, int i) {
+    return q8_kquant45_result(s.q[i], s.m[i]);
+  }
+};
+
+// 16 bytes at a 2-byte aligned shared address (a Q6_K block is 210 bytes: every other
+// row starts 2 bytes off a word): five word loads and four funnel shifts
+__device__ __forceinline__ uint4 lds16_even(const uint8_t* p) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~(uintptr_t)3);
+  const uint32_t sh = (uint32_t)(reinterpret_cast<uintptr_t>(p) & 2) * 8;
+  const uint32_t w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4];
+  return make_uint4(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh), __funnelshift_r(w2, w3, sh),
+                    __funnelshift_r(w3, w4, sh));
+}
+__device__ __forceinline__ uint2 lds8_even(const uint8_t* p) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~(uintptr_t)3);
+  const uint32_t sh = (uint32_t)(reinterpret_cast<uintptr_t>(p) & 2) * 8;
+  const uint32_t w0 = w[0], w1 = w[1], w2 = w[2];
+  return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
+}
+
+// Q6_K: planes hi = floor(W' / 64) and lo4 = 4 (W' mod 64) of W' = sc (q - 32) + 4,096
+// (the file's header). Item u = 2h + v of row r: elements 128h + 32m + 16v + i
+// (m = 0..3, i = 0..15), whose low nibbles are byte 64h + 32(m & 1) + 16v + i of ql
+// (nibble m >> 1), high bits byte 32h + 16v + i of qh (bits 2m, 2m + 1), scale
+// sub-block 8h + 2m + v; each m is 16 columns of one plane row: one 16-byte store.
+__device__ __forceinline__ void wg_decode_q6k(const uint8_t* row, uint8_t* planes, int r, int u) {
+  const int h = u >> 1, v = u & 1;
+  const uint4 la = lds16_even(row + 64 * h + 16 * v), lb = lds16_even(row + 64 * h + 32 + 16 * v);
+  const uint4 hb = lds16_even(row + kQ6KQhOffset + 32 * h + 16 * v);
+  const uint2 sc8 = lds8_even(row + kQ6KScalesOffset + 8 * h);  // sub-blocks 8h .. 8h + 7
+  const uint32_t ql[2][4] = {{la.x, la.y, la.z, la.w}, {lb.x, lb.y, lb.z, lb.w}}, qh[4] = {hb.x, hb.y, hb.z, hb.w};
+  uint8_t* dst = planes + (r >> 3) * 128 + (r & 7) * 16;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const int sc = byte_s(m < 2 ? sc8.x : sc8.y, 2 * (m & 1) + v);
+    const uint32_t mul = (uint32_t)(4 * sc), add = (uint32_t)(16384 - 128 * sc) * 0x10001u;
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t nib = ((m >> 1) ? ql[m & 1][w] >> 4 : ql[m & 1][w]) & 0x0f0f0f0fu;
+      const uint32_t top = (m < 2 ? qh[w] << (4 - 2 * m) : qh[w] >> (2 * m - 4)) & 0x30303030u;
+      const uint32_t q = nib | top;  // four quants, 0..63
+      // 4 W' of elements 4w, 4w + 1 and 4w + 2, 4w + 3, a 16-bit half each
+      const uint32_t p0 = __byte_perm(q, 0, 0x4140) * mul + add, p1 = __byte_perm(q, 0, 0x4342) * mul + add;
+      hi[w] = __byte_perm(p0, p1, 0x7531);
+      lo[w] = __byte_perm(p0, p1, 0x6420);
+    }
+    const int kc = 8 * h + 2 * m + v;  // the 16-column chunk
+    *reinterpret_cast<uint4*>(dst + kc * 1024) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    *reinterpret_cast<uint4*>(dst + kWgPlaneBytes + kc * 1024) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+}
+
+struct WgQ6K {
+  static constexpr int kBlockBytes = (int)sizeof(BlockQ6_K);
+  static constexpr int kTokExtraBytes = 4;  // -64 x the token's block sum, int32 (relayout)
+  template <int N>
+  struct Sums {
+    float q[N / 2];
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) q[i] = 0.0f;
+    }
+  };
+  struct Rows {
+    float d[2];
+    __device__ __forceinline__ Rows(const uint8_t* r0, const uint8_t* r1, int)
+        : d{half_bits_to_float(*reinterpret_cast<const uint16_t*>(r0 + kQ6KDOffset)),
+            half_bits_to_float(*reinterpret_cast<const uint16_t*>(r1 + kQ6KDOffset))} {}
+  };
+  static_assert(kQ6KDOffset % 2 == 0, "a halfword read");
+  static __device__ __forceinline__ void decode(const uint8_t* row, uint8_t* planes, int r, int u) {
+    wg_decode_q6k(row, planes, r, u);
+  }
+  // isum = 64 (hi . x - 64 S) + (lo4 . x) / 4, exact in int32 (|64 hi . x| <= 2^27 with the
+  // start, 4 isum <= 2^30), then the CPU's chain (Q8DecQ6K::compute: y = sum_q)
+  template <int N, class PlanesRead>
+  static __device__ __forceinline__ void step(uint64_t da, const uint8_t* xs, const Rows& rows, int q, Sums<N>& s,
+                                              PlanesRead planes_read) {
+    constexpr int R = N / 2;
+    constexpr bool kSplit = N <= 64;  // as wg_block_step: two accumulators where registers allow
+    constexpr uint64_t kLoPlane = kWgPlaneBytes >> 4;
+    const uint64_t bx = smem_desc(xs, 128, 2048);
+    const int* start = reinterpret_cast<const int*>(xs + WgActs<N>::kMins);  // -64 S of each token
+    int acc[R], acc_lo[kSplit ? R : 1];
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+      const int2 c = *reinterpret_cast<const int2*>(start + 8 * j + 2 * q);
+      acc[4 * j] = acc[4 * j + 2] = c.x;
+      acc[4 * j + 1] = acc[4 * j + 3] = c.y;
+    }
+    fence_operands(acc);  // written before the fence that lets the tensor cores read them
+    wgmma_fence();
+    if constexpr (kSplit) {
+      Wgmma<N>::u8s8(acc, da, bx, 1);
+      Wgmma<N>::u8s8_first(acc_lo, da + kLoPlane, bx);
+#pragma unroll
+      for (int j = 1; j < 8; ++j) {
+        Wgmma<N>::u8s8(acc, da + 128 * j, bx + 16 * j, 1);
+        Wgmma<N>::u8s8(acc_lo, da + kLoPlane + 128 * j, bx + 16 * j, 1);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_operands(acc);
+      fence_operands(acc_lo);
+      planes_read();
+#pragma unroll
+      for (int i = 0; i < R; ++i) acc[i] = acc[i] * 64 + (acc_lo[i] >> 2);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) Wgmma<N>::u8s8(acc, da + 128 * j, bx + 16 * j, 1);
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_operands(acc);
+#pragma unroll
+      for (int i = 0; i < R; ++i) acc[i] <<= 8;
+      fence_operands(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < 8; ++j) Wgmma<N>::u8s8(acc, da + kLoPlane + 128 * j, bx + 16 * j, 1);
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_operands(acc);
+      planes_read();
+#pragma unroll
+      for (int i = 0; i < R; ++i) acc[i] >>= 2;  // exact: the sum is 4 isum
+    }
+    const float* dx = reinterpret_cast<const float*>(xs + WgActs<N>::kDx);
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+      const float2 d2 = *reinterpret_cast<const float2*>(dx + 8 * j + 2 * q);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        s.q[4 * j + i] = q8_block_step(s.q[4 * j + i], (i & 1) ? d2.y : d2.x, rows.d[i >> 1], acc[4 * j + i]);
+    }
+  }
+  template <int N>
+  static __device__ __forceinline__ float result(const Sums<N>& s, int i) {
+    return s.q[i];
+  }
+};
+
 // The logits of a warpgroup thread's (row, token) pairs: rows row0 and row0 + 8 (from
 // the thread's first), tokens 8j + 2q and + 1; rows and tokens past the call's unstored.
-template <int N>
-__device__ __forceinline__ void wg_store_rows(const Q8Call& a, int64_t row0, int q, const float (&sum_q)[N / 2],
-                                              const float (&sum_m)[N / 2]) {
+template <class F, int N>
+__device__ __forceinline__ void wg_store_rows(const Q8Call& a, int64_t row0, int q,
+                                              const typename F::template Sums<N>& sums) {
 #pragma unroll
   for (int j = 0; j < N / 8; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int k = 8 * j + 2 * q + (i & 1);
       const int64_t row = row0 + 8 * (i >> 1);
-      if (k < a.t && row < a.rows) a.y[k * a.ldy + row] = q8_kquant45_result(sum_q[4 * j + i], sum_m[4 * j + i]);
+      if (k < a.t && row < a.rows) a.y[k * a.ldy + row] = F::template result<N>(sums, 4 * j + i);
     }
 }
 
-template <bool kHigh, int N>
+template <class F, int N>
 __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a) {
-  using L = WgLayout<kHigh, N>;
+  using L = WgLayout<F, N>;
   constexpr int S = L::kStages;
-  constexpr int R = N / 2;  // accumulators a thread (wg_block_step)
   extern __shared__ __align__(128) uint8_t smem_wg[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_wg + L::kBars);
   int* released = reinterpret_cast<int*>(smem_wg + L::kBars + 8 * S);
@@ -388,7 +583,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
   const int my_groups = (int)((groups - blockIdx.x + gridDim.x - 1) / gridDim.x);  // >= 1: grid <= groups
   const int64_t last_tile = (a.rows + kTileRows - 1) / kTileRows - 1;
   const int64_t T = a.wg_tokens;
-  const uint8_t* const mins = a.wg + blocks * T * kQK_K;
+  const uint8_t* const mins = a.wg + blocks * T * kQK_K;  // Q6_K: -64 S a token, 4 bytes, at the same place
   const uint8_t* const dxs = mins + blocks * T * kWgMinsBytes;
 
   // row tile i's block of step w (tiles past the last re-read it: their rows are never stored)
@@ -402,7 +597,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
   auto issue_weight = [&](WgStep w, int s) {
     if (w.n >= my_groups) return;
     uint8_t* st = smem_wg + L::kPlanes + s * L::kStage;
-    mbar_expect_tx(&full[s], L::kStage);
+    mbar_expect_tx(&full[s], L::kCopied);
 #pragma unroll 1
     for (int i = 0; i < kWgCtaRows / kTileRows; ++i)
       bulk_copy(st + i * kTileRows * L::kBlockBytes, weight_src(w, i), kTileRows * L::kBlockBytes, &full[s]);
@@ -412,7 +607,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
     uint8_t* st = smem_wg + L::kPlanes + s * L::kStage + L::kRaw;
     const int64_t at = (int64_t)w.b * T + a.wg_k0;
     bulk_copy(st, a.wg + at * kQK_K, N * kQK_K, &full[s]);
-    bulk_copy(st + L::kMins, mins + at * kWgMinsBytes, N * kWgMinsBytes, &full[s]);
+    bulk_copy(st + L::kMins, mins + at * F::kTokExtraBytes, N * F::kTokExtraBytes, &full[s]);
     bulk_copy(st + L::kDx, dxs + at * kWgDxBytes, N * kWgDxBytes, &full[s]);
   };
 
@@ -440,9 +635,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
   uint32_t phase = 0;
 #pragma unroll 1
   for (int n = 0; n < my_groups; ++n) {
-    float sum_q[R], sum_m[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) sum_q[i] = sum_m[i] = 0.0f;
+    typename F::template Sums<N> sums;
+    sums.zero();
 #pragma unroll 1
     for (int b = 0; b < blocks; ++b) {
       const uint8_t* st = smem_wg + L::kPlanes + s * L::kStage;
@@ -454,16 +648,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
         const int item = wt + 128 * k, r = item >> 2, u = item & 3;
-        wg_decode<kHigh>(raw + r * L::kBlockBytes, planes, r, u);
+        F::decode(raw + r * L::kBlockBytes, planes, r, u);
       }
-      const KScales ks[2] = {KScales(*reinterpret_cast<const uint4*>(st + hrow * L::kBlockBytes)),
-                             KScales(*reinterpret_cast<const uint4*>(st + (hrow + 8) * L::kBlockBytes))};
-      uint32_t am[4];  // the mins' A fragment (exact: kquant_mins_f16_frag)
-      kquant_mins_f16_frag(ks, q, am);
+      const typename F::Rows rows(st + hrow * L::kBlockBytes, st + (hrow + 8) * L::kBlockBytes, q);
       fence_proxy_async();
       warpgroup_sync(g);
 
-      wg_block_step<N>(da, xs, ks, am, q, sum_q, sum_m, [] {});
+      F::template step<N>(da, xs, rows, q, sums, [] {});
 
       // the stage is read: the last of the CTA's 8 warps to finish it refills it, S steps
       // on. A warp is done with it once its own reads are and its wgmma waits have
@@ -480,7 +671,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
 
       if (++s == S) s = 0, phase ^= 1;
     }
-    wg_store_rows<N>(a, (blockIdx.x + (int64_t)n * gridDim.x) * kWgCtaRows + hrow, q, sum_q, sum_m);
+    wg_store_rows<F, N>(a, (blockIdx.x + (int64_t)n * gridDim.x) * kWgCtaRows + hrow, q, sums);
   }
 }
 
@@ -543,8 +734,8 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 template <bool kHigh, int N>
 __global__ void __launch_bounds__(kWsThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Call a) {
   using L = WsLayout<kHigh, N>;
+  using F = WgKQuant<kHigh>;
   constexpr int RS = L::kRawStages, SA = L::kActsStages;
-  constexpr int R = N / 2;  // accumulators a thread (wg_block_step)
   extern __shared__ __align__(128) uint8_t smem_ws[];
   uint64_t* raw_full = reinterpret_cast<uint64_t*>(smem_ws + L::kBars);  // [half][stage]
   uint64_t* acts_full = raw_full + 2 * RS;
@@ -629,7 +820,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Cal
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
         const int item = wt + 128 * k, r = item >> 2, u = item & 3;
-        wg_decode<kHigh>(raw + r * L::kBlockBytes, planes, r, u);
+        F::decode(raw + r * L::kBlockBytes, planes, r, u);
       }
       if (wt < kWgRows)
         *reinterpret_cast<uint4*>(headers(p) + (h * kWgRows + wt) * kWsHeaderBytes) =
@@ -653,9 +844,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Cal
   uint32_t aphase = 0;
 #pragma unroll 1
   for (int n = 0; n < my_groups; ++n) {
-    float sum_q[R], sum_m[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) sum_q[i] = sum_m[i] = 0.0f;
+    typename F::template Sums<N> sums;
+    sums.zero();
 #pragma unroll 1
     for (int b = 0; b < blocks; ++b, ++s) {
       const int p = s & 1;
@@ -663,12 +853,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Cal
       mbar_wait(&acts_full[sa], aphase);
       mbar_wait(&planes_full[2 * p + g], (s >> 1) & 1);
       const uint8_t* hdr = headers(p);
-      const KScales ks[2] = {KScales(*reinterpret_cast<const uint4*>(hdr + hrow * kWsHeaderBytes)),
-                             KScales(*reinterpret_cast<const uint4*>(hdr + (hrow + 8) * kWsHeaderBytes))};
-      uint32_t am[4];
-      kquant_mins_f16_frag(ks, q, am);
+      const typename F::Rows rows(hdr + hrow * kWsHeaderBytes, hdr + (hrow + 8) * kWsHeaderBytes, q);
       const uint64_t da = smem_desc(plane_buf(p) + g * 2 * kWgPlaneBytes, 1024, 128);
-      wg_block_step<N>(da, xs, ks, am, q, sum_q, sum_m, [&] {
+      F::template step<N>(da, xs, rows, q, sums, [&] {
         __syncwarp();  // every lane's header reads and plane wgmma are done: the planes are free
         if (lane == 0) mbar_arrive(&planes_empty[2 * p + g]);
       });
@@ -679,7 +866,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Cal
       }
       if (++sa == SA) sa = 0, aphase ^= 1;
     }
-    wg_store_rows<N>(a, (blockIdx.x + (int64_t)n * gridDim.x) * kWgCtaRows + hrow, q, sum_q, sum_m);
+    wg_store_rows<F, N>(a, (blockIdx.x + (int64_t)n * gridDim.x) * kWgCtaRows + hrow, q, sums);
   }
 }
 
@@ -698,6 +885,22 @@ __global__ void q8_wgmma_relayout_kernel(Q8Args a, uint8_t* dst, int T, int bloc
     if (n < a.t) v = *reinterpret_cast<const uint4*>(a.xq + n * a.xq_pitch + b * kQK_K + 16 * kc);
     reinterpret_cast<uint4*>(quants)[i] = v;
   }
+  if (a.type == (uint32_t)GgmlType::Q6_K) {  // the hi plane's start, -64 x the block's sum (WgQ6K)
+    int* const starts = reinterpret_cast<int*>(dst + (int64_t)blocks * T * kQK_K) + b * T;
+    for (int n = threadIdx.x; n < T; n += blockDim.x) {
+      int sum = 0;
+      float dx = 0.0f;
+      if (n < a.t) {  // the record: the 16 sums of 16 quants as lo bytes, then signed hi bytes, then dx
+        const uint8_t* r = a.meta + ((int64_t)n * a.meta_per_token + b) * kQ8Sum16RecBytes;
+#pragma unroll
+        for (int g = 0; g < 16; ++g) sum += (int)r[g] + 256 * (int)(int8_t)r[16 + g];
+        dx = *reinterpret_cast<const float*>(r + kQ8RecDxOffset);
+      }
+      starts[n] = -64 * sum;
+      dxs[n] = dx;
+    }
+    return;
+  }
   for (int n = threadIdx.x; n < T; n += blockDim.x) {
     uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
     float dx = 0.0f;
@@ -715,13 +918,13 @@ __global__ void q8_wgmma_relayout_kernel(Q8Args a, uint8_t* dst, int T, int bloc
   }
 }
 
-template <bool kHigh, int N>
+template <class F, int N>
 void launch_wgmma(const Q8Call& a, cudaStream_t stream) {
-  using L = WgLayout<kHigh, N>;
+  using L = WgLayout<F, N>;
   // fits: kSmem <= kWgSmemBudget (static_assert), which q8_wgmma_ready checked the device for
   Q8Call args = a;
   void* params[] = {&args};
-  launch_persistent(reinterpret_cast<const void*>(&matvec_q8_wgmma_kernel<kHigh, N>), params, kWgThreads, L::kSmem,
+  launch_persistent(reinterpret_cast<const void*>(&matvec_q8_wgmma_kernel<F, N>), params, kWgThreads, L::kSmem,
                     a.rows, kWgCtaRows, stream, "matvec_q8_wgmma");
 }
 
@@ -734,15 +937,15 @@ void launch_ws(const Q8Call& a, cudaStream_t stream) {
                     L::kSmem, a.rows, kWgCtaRows, stream, "matvec_q8_wgmma_ws");
 }
 
-template <bool kHigh>
+template <class F>
 void launch_wgmma_tokens(const Q8Call& a, cudaStream_t stream) {
   switch (wg_tokens(a.t)) {
-    case 32: launch_wgmma<kHigh, 32>(a, stream); break;
-    case 64: launch_wgmma<kHigh, 64>(a, stream); break;
-    case 80: launch_wgmma<kHigh, 80>(a, stream); break;
-    case 96: launch_wgmma<kHigh, 96>(a, stream); break;
-    case 112: launch_wgmma<kHigh, 112>(a, stream); break;
-    default: launch_wgmma<kHigh, 128>(a, stream); break;
+    case 32: launch_wgmma<F, 32>(a, stream); break;
+    case 64: launch_wgmma<F, 64>(a, stream); break;
+    case 80: launch_wgmma<F, 80>(a, stream); break;
+    case 96: launch_wgmma<F, 96>(a, stream); break;
+    case 112: launch_wgmma<F, 112>(a, stream); break;
+    default: launch_wgmma<F, 128>(a, stream); break;
   }
 }
 
@@ -757,21 +960,28 @@ bool q8_ws_enabled() {
   return on;
 }
 
-int q8_wgmma_min_tokens() {
-  // MUSER_Q8_WGMMA=0 turns the kernel off, MUSER_Q8_WGMMA=<t> moves its threshold (for measuring)
-  static const int min_t = [] {
+bool q8_wgmma_type(uint32_t type) {
+  return type == (uint32_t)GgmlType::Q5_K || type == (uint32_t)GgmlType::Q4_K || type == (uint32_t)GgmlType::Q6_K;
+}
+
+int q8_wgmma_min_tokens(uint32_t type) {
+  // MUSER_Q8_WGMMA=0 turns the kernels off, MUSER_Q8_WGMMA=<t> moves every type's threshold
+  // (for measuring)
+  static const int forced = [] {
     const char* e = std::getenv("MUSER_Q8_WGMMA");
-    if (!e) return q8_ws_enabled() ? kQ8WsMinTokens : kQ8WgmmaMinTokens;
+    if (!e) return 0;
     const int v = std::atoi(e);
     return v <= 0 ? INT_MAX : v;
   }();
-  return min_t;
+  if (forced) return forced;
+  if (type == (uint32_t)GgmlType::Q6_K) return kQ8WgmmaMinTokensQ6K;
+  return q8_ws_enabled() ? kQ8WsMinTokens : kQ8WgmmaMinTokens;
 }
 
 bool q8_wgmma_ready(uint32_t type, int t) {
   if (!MUSER_CUDA_WGMMA) return false;  // built by a toolkit without sm_90a
-  if (type != (uint32_t)GgmlType::Q5_K && type != (uint32_t)GgmlType::Q4_K) return false;
-  if (t < q8_wgmma_min_tokens()) return false;
+  if (!q8_wgmma_type(type)) return false;
+  if (t < q8_wgmma_min_tokens(type)) return false;
   int dev = 0, major = 0, minor = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute(major)");
@@ -801,6 +1011,11 @@ void matvec_q8_wgmma(const Q8Call& a, cudaStream_t stream) {
   if (a.fold.op != EpilogueOp::None) throw DeviceError("matvec_q8_wgmma: no fused node (kQ8FoldMaxTokens)");
   if (a.t > kQ8WgmmaChunk || a.wg_k0 + wg_tokens(a.t) > a.wg_tokens)
     throw DeviceError("matvec_q8_wgmma: a launch past kQ8WgmmaChunk tokens or the activations' layout");
+  if (a.type == (uint32_t)GgmlType::Q6_K) {  // no decoder warpgroups of its own
+    launch_wgmma_tokens<WgQ6K>(a, stream);
+    check_launch("matvec_q8_wgmma");
+    return;
+  }
   if (q8_ws_enabled() && a.t <= kQ8WsMaxTokens) {
     const bool n64 = wg_tokens(a.t) <= 64;
     if (a.type == (uint32_t)GgmlType::Q5_K) n64 ? launch_ws<true, 64>(a, stream) : launch_ws<true, 80>(a, stream);
@@ -808,8 +1023,8 @@ void matvec_q8_wgmma(const Q8Call& a, cudaStream_t stream) {
     check_launch("matvec_q8_wgmma_ws");
     return;
   }
-  if (a.type == (uint32_t)GgmlType::Q5_K) launch_wgmma_tokens<true>(a, stream);
-  else launch_wgmma_tokens<false>(a, stream);
+  if (a.type == (uint32_t)GgmlType::Q5_K) launch_wgmma_tokens<WgKQuant<true>>(a, stream);
+  else launch_wgmma_tokens<WgKQuant<false>>(a, stream);
   check_launch("matvec_q8_wgmma");
 }
 
