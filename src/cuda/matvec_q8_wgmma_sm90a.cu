@@ -31,13 +31,12 @@
 //
 // Q6_K (WgQ6K) takes the same kernel with planes of its own. Its weights are
 // w = sc * (q - 32) (sc a signed byte, q six bits), |w| <= 4,096: no split of the
-// scale keeps q * part below 256, so the planes split the product instead.
-// W' = w + 4,096 is in [0, 8,192]; 4 W' = q * 4 sc + (16,384 - 128 sc), two
-// elements a word in 16-bit halves by one IMAD (each half stays in [0, 32,768],
-// so no carry crosses), and the halves' high bytes are hi = floor(W' / 64) in
-// [0, 128], their low bytes lo4 = 4 (W' mod 64): one PRMT each for four
-// elements. isum = 64 (hi . x - 64 S) + (lo4 . x) / 4, with S the token's block
-// sum: the hi accumulators start at -64 S (relayout wrote it in the mins' place).
+// scale keeps q * part within a byte, so the planes split the product instead.
+// 4 (w + 8,192) = q * 4 sc + (32,768 - 128 sc) is in [16,384, 49,152]: one IMAD
+// makes it for two elements a word in 16-bit halves (no carry crosses them), and
+// the halves' high bytes are floor(w / 64) + 128 (XOR 0x80: the s8 hi plane, -64..64),
+// their low bytes lo4 = 4 (w mod 64) (a u8 plane, one PRMT each per four elements):
+// isum = 64 (hi . x) + (lo4 . x) / 4, s8 x s8 and u8 x s8 wgmma.
 //
 // Activations. quantize_acts_q8 also writes every token's quants, mins halves
 // and scales in the layout the wgmma operands read (q8_wgmma_relayout_kernel),
@@ -181,23 +180,26 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint3
 #define MUSER_WG_R48 MUSER_WG_R40 ", %40, %41, %42, %43, %44, %45, %46, %47"
 #define MUSER_WG_R56 MUSER_WG_R48 ", %48, %49, %50, %51, %52, %53, %54, %55"
 #define MUSER_WG_R64 MUSER_WG_R56 ", %56, %57, %58, %59, %60, %61, %62, %63"
+// d (+)= A(64x32 shared, u8 or s8: TYPES) B(32xNN s8, shared), accumulating unless
+// `accumulate` is 0; NAME##_first: d = A B (d is not read)
+#define MUSER_WG_INT(NN, NAME, TYPES, DREGS, DOPS, X0, X1, X2)                                                       \
+  static __device__ __forceinline__ void NAME(int (&d)[NN / 2], uint64_t da, uint64_t db, int accumulate) {           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " X2 ", 0;\n"                                                      \
+                 "wgmma.mma_async.sync.aligned.m64n" #NN "k32.s32." TYPES " {" DREGS "}, " X0 ", " X1 ", p;\n}\n"     \
+                 : DOPS("+r")                                                                                         \
+                 : "l"(da), "l"(db), "r"(accumulate));                                                                \
+  }                                                                                                                   \
+  static __device__ __forceinline__ void NAME##_first(int (&d)[NN / 2], uint64_t da, uint64_t db) {                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " X2 ", 0;\n"                                                      \
+                 "wgmma.mma_async.sync.aligned.m64n" #NN "k32.s32." TYPES " {" DREGS "}, " X0 ", " X1 ", p;\n}\n"     \
+                 : DOPS("=r")                                                                                         \
+                 : "l"(da), "l"(db), "r"(0));                                                                         \
+  }
 #define MUSER_WGMMA_SS(NN, DREGS, DOPS, X0, X1, X2, X3, X4, X5)                                                       \
   template <>                                                                                                         \
   struct Wgmma<NN> {                                                                                                  \
-    /* d (+)= A(64x32 u8, shared) B(32xNN s8, shared); accumulate unless first */                                     \
-    static __device__ __forceinline__ void u8s8(int (&d)[NN / 2], uint64_t da, uint64_t db, int accumulate) {         \
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " X2 ", 0;\n"                                                    \
-                   "wgmma.mma_async.sync.aligned.m64n" #NN "k32.s32.u8.s8 {" DREGS "}, " X0 ", " X1 ", p;\n}\n"       \
-                   : DOPS("+r")                                                                                       \
-                   : "l"(da), "l"(db), "r"(accumulate));                                                              \
-    }                                                                                                                 \
-    /* d = A(64x32 u8, shared) B(32xNN s8, shared): the first of a sum (d is not read) */                             \
-    static __device__ __forceinline__ void u8s8_first(int (&d)[NN / 2], uint64_t da, uint64_t db) {                   \
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " X2 ", 0;\n"                                                    \
-                   "wgmma.mma_async.sync.aligned.m64n" #NN "k32.s32.u8.s8 {" DREGS "}, " X0 ", " X1 ", p;\n}\n"       \
-                   : DOPS("=r")                                                                                       \
-                   : "l"(da), "l"(db), "r"(0));                                                                       \
-    }                                                                                                                 \
+    MUSER_WG_INT(NN, u8s8, "u8.s8", DREGS, DOPS, X0, X1, X2) /* the planes of Q4_K/Q5_K, Q6_K's lo4 */               \
+    MUSER_WG_INT(NN, s8s8, "s8.s8", DREGS, DOPS, X0, X1, X2) /* Q6_K's signed hi plane */                             \
     /* d = A(64x16 f16, registers) B(16xNN f16, shared) */                                                            \
     static __device__ __forceinline__ void f16(float (&d)[NN / 2], const uint32_t (&a)[4], uint64_t db) {             \
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " X5 ", 0;\n"                                                    \
@@ -217,6 +219,7 @@ MUSER_WGMMA_SS(96, MUSER_WG_R48, MUSER_WG_D48, "%48", "%49", "%50", "%51", "%52"
 MUSER_WGMMA_SS(112, MUSER_WG_R56, MUSER_WG_D56, "%56", "%57", "%58", "%59", "%60", "%61")
 MUSER_WGMMA_SS(128, MUSER_WG_R64, MUSER_WG_D64, "%64", "%65", "%66", "%67", "%68", "%69")
 #undef MUSER_WGMMA_SS
+#undef MUSER_WG_INT
 #undef MUSER_WG_R16
 #undef MUSER_WG_R32
 #undef MUSER_WG_R40
@@ -415,22 +418,26 @@ struct WgKQuant {
 };
 
 // 16 bytes at a 2-byte aligned shared address (a Q6_K block is 210 bytes: every other
-// row starts 2 bytes off a word): five word loads and four funnel shifts
+// row starts 2 bytes off a word): five word loads and four funnel shifts. The word
+// pointer is p less its offset, not p's bits masked, so that the compiler still sees
+// a shared-memory address (LDS, not generic loads).
 __device__ __forceinline__ uint4 lds16_even(const uint8_t* p) {
-  const uint32_t* w = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~(uintptr_t)3);
-  const uint32_t sh = (uint32_t)(reinterpret_cast<uintptr_t>(p) & 2) * 8;
+  const uint32_t off = (uint32_t)reinterpret_cast<uintptr_t>(p) & 2;
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p - off);
+  const uint32_t sh = off * 8;
   const uint32_t w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4];
   return make_uint4(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh), __funnelshift_r(w2, w3, sh),
                     __funnelshift_r(w3, w4, sh));
 }
 __device__ __forceinline__ uint2 lds8_even(const uint8_t* p) {
-  const uint32_t* w = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~(uintptr_t)3);
-  const uint32_t sh = (uint32_t)(reinterpret_cast<uintptr_t>(p) & 2) * 8;
+  const uint32_t off = (uint32_t)reinterpret_cast<uintptr_t>(p) & 2;
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p - off);
+  const uint32_t sh = off * 8;
   const uint32_t w0 = w[0], w1 = w[1], w2 = w[2];
   return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
 }
 
-// Q6_K: planes hi = floor(W' / 64) and lo4 = 4 (W' mod 64) of W' = sc (q - 32) + 4,096
+// Q6_K: planes hi = floor(w / 64) (signed) and lo4 = 4 (w mod 64) of w = sc (q - 32)
 // (the file's header). Item u = 2h + v of row r: elements 128h + 32m + 16v + i
 // (m = 0..3, i = 0..15), whose low nibbles are byte 64h + 32(m & 1) + 16v + i of ql
 // (nibble m >> 1), high bits byte 32h + 16v + i of qh (bits 2m, 2m + 1), scale
@@ -445,16 +452,18 @@ __device__ __forceinline__ void wg_decode_q6k(const uint8_t* row, uint8_t* plane
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
     const int sc = byte_s(m < 2 ? sc8.x : sc8.y, 2 * (m & 1) + v);
-    const uint32_t mul = (uint32_t)(4 * sc), add = (uint32_t)(16384 - 128 * sc) * 0x10001u;
+    // a half's 4 (w + 8,192) = q * 4 sc + 32,768 - 128 sc, in [16,384, 49,152]
+    const uint32_t mul = (uint32_t)(4 * sc), add = (uint32_t)(32768 - 128 * sc) * 0x10001u;
     uint32_t hi[4], lo[4];
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
       const uint32_t nib = ((m >> 1) ? ql[m & 1][w] >> 4 : ql[m & 1][w]) & 0x0f0f0f0fu;
       const uint32_t top = (m < 2 ? qh[w] << (4 - 2 * m) : qh[w] >> (2 * m - 4)) & 0x30303030u;
       const uint32_t q = nib | top;  // four quants, 0..63
-      // 4 W' of elements 4w, 4w + 1 and 4w + 2, 4w + 3, a 16-bit half each
+      // 4 (w + 8,192) of elements 4w, 4w + 1 and 4w + 2, 4w + 3, a 16-bit half each: the
+      // high bytes are floor(w / 64) + 128 (x 0x80: the s8 value), the low ones 4 (w mod 64)
       const uint32_t p0 = __byte_perm(q, 0, 0x4140) * mul + add, p1 = __byte_perm(q, 0, 0x4342) * mul + add;
-      hi[w] = __byte_perm(p0, p1, 0x7531);
+      hi[w] = __byte_perm(p0, p1, 0x7531) ^ 0x80808080u;
       lo[w] = __byte_perm(p0, p1, 0x6420);
     }
     const int kc = 8 * h + 2 * m + v;  // the 16-column chunk
@@ -465,7 +474,7 @@ __device__ __forceinline__ void wg_decode_q6k(const uint8_t* row, uint8_t* plane
 
 struct WgQ6K {
   static constexpr int kBlockBytes = (int)sizeof(BlockQ6_K);
-  static constexpr int kTokExtraBytes = 4;  // -64 x the token's block sum, int32 (relayout)
+  static constexpr int kTokExtraBytes = 0;  // its quants and dx alone
   template <int N>
   struct Sums {
     float q[N / 2];
@@ -484,8 +493,8 @@ struct WgQ6K {
   static __device__ __forceinline__ void decode(const uint8_t* row, uint8_t* planes, int r, int u) {
     wg_decode_q6k(row, planes, r, u);
   }
-  // isum = 64 (hi . x - 64 S) + (lo4 . x) / 4, exact in int32 (|64 hi . x| <= 2^27 with the
-  // start, 4 isum <= 2^30), then the CPU's chain (Q8DecQ6K::compute: y = sum_q)
+  // isum = 64 (hi . x) + (lo4 . x) / 4, exact in int32 (|64 hi . x| <= 2^27, |4 isum| <= 2^30),
+  // then the CPU's chain (Q8DecQ6K::compute: y = sum_q)
   template <int N, class PlanesRead>
   static __device__ __forceinline__ void step(uint64_t da, const uint8_t* xs, const Rows& rows, int q, Sums<N>& s,
                                               PlanesRead planes_read) {
@@ -493,22 +502,14 @@ struct WgQ6K {
     constexpr bool kSplit = N <= 64;  // as wg_block_step: two accumulators where registers allow
     constexpr uint64_t kLoPlane = kWgPlaneBytes >> 4;
     const uint64_t bx = smem_desc(xs, 128, 2048);
-    const int* start = reinterpret_cast<const int*>(xs + WgActs<N>::kMins);  // -64 S of each token
     int acc[R], acc_lo[kSplit ? R : 1];
-#pragma unroll
-    for (int j = 0; j < N / 8; ++j) {
-      const int2 c = *reinterpret_cast<const int2*>(start + 8 * j + 2 * q);
-      acc[4 * j] = acc[4 * j + 2] = c.x;
-      acc[4 * j + 1] = acc[4 * j + 3] = c.y;
-    }
-    fence_operands(acc);  // written before the fence that lets the tensor cores read them
     wgmma_fence();
     if constexpr (kSplit) {
-      Wgmma<N>::u8s8(acc, da, bx, 1);
+      Wgmma<N>::s8s8_first(acc, da, bx);
       Wgmma<N>::u8s8_first(acc_lo, da + kLoPlane, bx);
 #pragma unroll
       for (int j = 1; j < 8; ++j) {
-        Wgmma<N>::u8s8(acc, da + 128 * j, bx + 16 * j, 1);
+        Wgmma<N>::s8s8(acc, da + 128 * j, bx + 16 * j, 1);
         Wgmma<N>::u8s8(acc_lo, da + kLoPlane + 128 * j, bx + 16 * j, 1);
       }
       wgmma_commit();
@@ -519,8 +520,9 @@ struct WgQ6K {
 #pragma unroll
       for (int i = 0; i < R; ++i) acc[i] = acc[i] * 64 + (acc_lo[i] >> 2);
     } else {
+      Wgmma<N>::s8s8_first(acc, da, bx);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) Wgmma<N>::u8s8(acc, da + 128 * j, bx + 16 * j, 1);
+      for (int j = 1; j < 8; ++j) Wgmma<N>::s8s8(acc, da + 128 * j, bx + 16 * j, 1);
       wgmma_commit();
       wgmma_wait_all();
       fence_operands(acc);
@@ -583,7 +585,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
   const int my_groups = (int)((groups - blockIdx.x + gridDim.x - 1) / gridDim.x);  // >= 1: grid <= groups
   const int64_t last_tile = (a.rows + kTileRows - 1) / kTileRows - 1;
   const int64_t T = a.wg_tokens;
-  const uint8_t* const mins = a.wg + blocks * T * kQK_K;  // Q6_K: -64 S a token, 4 bytes, at the same place
+  const uint8_t* const mins = a.wg + blocks * T * kQK_K;
   const uint8_t* const dxs = mins + blocks * T * kWgMinsBytes;
 
   // row tile i's block of step w (tiles past the last re-read it: their rows are never stored)
@@ -607,7 +609,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
     uint8_t* st = smem_wg + L::kPlanes + s * L::kStage + L::kRaw;
     const int64_t at = (int64_t)w.b * T + a.wg_k0;
     bulk_copy(st, a.wg + at * kQK_K, N * kQK_K, &full[s]);
-    bulk_copy(st + L::kMins, mins + at * F::kTokExtraBytes, N * F::kTokExtraBytes, &full[s]);
+    uint8_t* const extra = st + L::kMins;  // the mins halves' room (Q6_K: none)
+    if constexpr (F::kTokExtraBytes > 0)
+      bulk_copy(extra, mins + at * F::kTokExtraBytes, N * F::kTokExtraBytes, &full[s]);
     bulk_copy(st + L::kDx, dxs + at * kWgDxBytes, N * kWgDxBytes, &full[s]);
   };
 
@@ -885,20 +889,11 @@ __global__ void q8_wgmma_relayout_kernel(Q8Args a, uint8_t* dst, int T, int bloc
     if (n < a.t) v = *reinterpret_cast<const uint4*>(a.xq + n * a.xq_pitch + b * kQK_K + 16 * kc);
     reinterpret_cast<uint4*>(quants)[i] = v;
   }
-  if (a.type == (uint32_t)GgmlType::Q6_K) {  // the hi plane's start, -64 x the block's sum (WgQ6K)
-    int* const starts = reinterpret_cast<int*>(dst + (int64_t)blocks * T * kQK_K) + b * T;
-    for (int n = threadIdx.x; n < T; n += blockDim.x) {
-      int sum = 0;
-      float dx = 0.0f;
-      if (n < a.t) {  // the record: the 16 sums of 16 quants as lo bytes, then signed hi bytes, then dx
-        const uint8_t* r = a.meta + ((int64_t)n * a.meta_per_token + b) * kQ8Sum16RecBytes;
-#pragma unroll
-        for (int g = 0; g < 16; ++g) sum += (int)r[g] + 256 * (int)(int8_t)r[16 + g];
-        dx = *reinterpret_cast<const float*>(r + kQ8RecDxOffset);
-      }
-      starts[n] = -64 * sum;
-      dxs[n] = dx;
-    }
+  if (a.type == (uint32_t)GgmlType::Q6_K) {  // no mins: the scales from its records (WgQ6K)
+    for (int n = threadIdx.x; n < T; n += blockDim.x)
+      dxs[n] = n < a.t ? *reinterpret_cast<const float*>(a.meta + ((int64_t)n * a.meta_per_token + b) * kQ8Sum16RecBytes +
+                                                         kQ8RecDxOffset)
+                       : 0.0f;
     return;
   }
   for (int n = threadIdx.x; n < T; n += blockDim.x) {
