@@ -1288,12 +1288,12 @@ bool launch_matvec_q8_stream(const Q8Args& a, cudaStream_t stream) {
 // the two-warpgroup one; at 32 it loses (519 against 385). Launches of 81 ... 128 take the
 // two-warpgroup kernel, whose threshold alone was 65 (at 64 it tied the streamed kernel,
 // 753 against 755 us; at 48 it lost, 738 against 624; docs/performance.md). Q6_K takes the
-// two-warpgroup kernel from kQ8WgmmaMinTokensQ6K tokens on (H200, seed shape: 1,006 against
-// 1,137 us at t = 48, where 32 + 16 tokens ran on the streamed and staged kernels; at 33 it
-// lost, 993 against 943; from 41 the second launch's 9+ tokens take the staged kernel's two
-// token tiles).
+// two-warpgroup kernel from kQ8WgmmaMinTokensQ6K tokens on (H100, seed shape: 967 us at
+// t = 41 and 951 at 48, where the mma.sync kernels' 32 + 8 tokens took 1,054 and 32 + 16
+// 1,137; their last part costs at least a read of the weight, 354 us, and at 32 tokens
+// they are faster, 668 against 841).
 constexpr int kQ8WgmmaMinTokens = 65;
-constexpr int kQ8WgmmaMinTokensQ6K = 41;
+constexpr int kQ8WgmmaMinTokensQ6K = 33;
 constexpr int kQ8WgmmaChunk = 128;
 constexpr int kQ8WsMinTokens = 49;
 constexpr int kQ8WsMaxTokens = 80;
