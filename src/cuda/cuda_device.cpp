@@ -723,12 +723,14 @@ class CudaDevice final : public Device {
   // Whether the call's selection can run inside the route's matvec (Q8Args::select):
   // a q8 matvec step that ends the route, whose node (if any) it applies itself, in
   // one launch of at most kQ8FoldMaxTokens tokens; for top-k (k > 0) one group of
-  // rows whose chunk bests the matvec's last CTA ranks. Then greedy decoding
-  // never writes the logits, and top-k's first pass over them is gone.
+  // rows whose chunk bests the matvec's last CTA ranks, and at most
+  // kTopkInMatvecMaxTokens tokens. Then greedy decoding never writes the logits,
+  // and top-k's first pass over them is gone.
   // On by default (H100, seed head, t = 1: argmax 8 us and topk(x, 50) ~5 us less
   // GPU time a call: docs/performance.md, "Per-call overhead");
   // MUSER_SELECT_IN_MATVEC=0 turns both off and =argmax keeps top-k's partials
   // off, for measuring.
+  static constexpr int kTopkInMatvecMaxTokens = 4;
   bool select_in_matvec(int t, int k) const {
     static const int setting = [] {  // 0: off, 1: argmax only, 2: argmax and top-k
       const char* e = std::getenv("MUSER_SELECT_IN_MATVEC");
@@ -738,6 +740,11 @@ class CudaDevice final : public Device {
     }();
     const bool on = k == 0 ? setting >= 1 : setting == 2;
     if (!on || steps_.empty() || t > kQ8FoldMaxTokens || out_.rows != spec_.vocab) return false;
+    // top-k's chunk bests pay inside the matvec only for a few tokens: topk(x, 50) over the
+    // plain call, seed head on an H100, two alternations with MUSER_SELECT_IN_MATVEC=argmax,
+    // 21.3 / 21.5 us against 23.4 / 29.6 at t = 1, level at 2 and 4, 40.6 / 41.5 against
+    // 32.6 / 39.7 at 8 and 63.0 / 62.8 against 40.7 / 55.4 at 16 (docs/performance.md)
+    if (k > 0 && t > kTopkInMatvecMaxTokens) return false;
     // (Q6_K's register kernel, where its launches fall when the staged kernels' stages do
     // not fit, computes no top-k partials: matvec_q8.cuh, Q8ArgmaxAtomic)
     if (k > 0 && (!topk_bests_fit(spec_.vocab, t, k) || out_.type == (uint32_t)GgmlType::Q6_K)) return false;
