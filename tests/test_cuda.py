@@ -692,12 +692,12 @@ def test_q8_batches_of_several_row_groups_per_cta_bitwise_equal_to_cpu(heads_dir
 def test_selection_inside_the_q8_matvec_ranks_as_the_logits_do(heads_dir, weight_type):
     # On the fused q8 route, calls of up to 16 tokens select inside the matvec: argmax
     # entirely (the logits are never written; the launch's last CTA writes the ids), and for
-    # up to 4 tokens top-k's chunk bests (k <= 40, the 40,003 rows' chunks; Q5_K/Q4_K/Q8_0),
+    # up to 2 tokens top-k's chunk bests (k <= 40, the 40,003 rows' chunks; Q5_K/Q4_K/Q8_0),
     # which the launch's last CTA ranks (MUSER_SELECT_IN_MATVEC=0 or =argmax: the separate
     # kernels). Both must rank as that route's own logits do -- ties to the lowest id, NaN
     # last -- over several row groups a CTA, call after call as t, k and the calls in between
-    # change (t = 17 for argmax, t = 8, 9, 16, 17 and k = 41 for top-k take the kernels after
-    # the matvec).
+    # change (t = 17 for argmax, t = 3, 8, 9, 16, 17 and k = 41 for top-k take the kernels
+    # after the matvec).
     import gguf
 
     hidden, vocab = SHAPES[weight_type], 40003

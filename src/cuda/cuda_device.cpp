@@ -730,7 +730,7 @@ class CudaDevice final : public Device {
   // GPU time a call: docs/performance.md, "Per-call overhead");
   // MUSER_SELECT_IN_MATVEC=0 turns both off and =argmax keeps top-k's partials
   // off, for measuring.
-  static constexpr int kTopkInMatvecMaxTokens = 4;
+  static constexpr int kTopkInMatvecMaxTokens = 2;
   bool select_in_matvec(int t, int k) const {
     static const int setting = [] {  // 0: off, 1: argmax only, 2: argmax and top-k
       const char* e = std::getenv("MUSER_SELECT_IN_MATVEC");
@@ -740,10 +740,11 @@ class CudaDevice final : public Device {
     }();
     const bool on = k == 0 ? setting >= 1 : setting == 2;
     if (!on || steps_.empty() || t > kQ8FoldMaxTokens || out_.rows != spec_.vocab) return false;
-    // top-k's chunk bests pay inside the matvec only for a few tokens: topk(x, 50) over the
-    // plain call, seed head on an H100, two alternations with MUSER_SELECT_IN_MATVEC=argmax,
-    // 21.3 / 21.5 us against 23.4 / 29.6 at t = 1, level at 2 and 4, 40.6 / 41.5 against
-    // 32.6 / 39.7 at 8 and 63.0 / 62.8 against 40.7 / 55.4 at 16 (docs/performance.md)
+    // top-k's chunk bests pay inside the matvec only for one or two tokens: topk(x, 50) over
+    // the plain call, seed head on an H100, four runs each against MUSER_SELECT_IN_MATVEC=argmax
+    // (two sessions): 21.3-22.3 us against 23.4-29.6 at t = 1, 22.7-23.3 against 23.6-30.0 at
+    // 2, 28.7-29.8 against 26.0-32.5 at 4 (no gain), 40.6 / 41.5 against 32.6 / 39.7 at 8 and
+    // 63.0 / 62.8 against 40.7 / 55.4 at 16 (docs/performance.md)
     if (k > 0 && t > kTopkInMatvecMaxTokens) return false;
     // (Q6_K's register kernel, where its launches fall when the staged kernels' stages do
     // not fit, computes no top-k partials: matvec_q8.cuh, Q8ArgmaxAtomic)
