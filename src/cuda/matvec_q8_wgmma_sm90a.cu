@@ -292,53 +292,57 @@ struct WgStep {
   }
 };
 
-// One step of a warpgroup's 64 rows: isum = 8 * (hi plane . x) + (lo plane . x), exact
-// in int32, and msum in f32, exactly, on the tensor cores; then the CPU's chains into
-// sum_q and sum_m. xs: the tokens' block (quants, mins halves, dx); da: the hi plane's
-// descriptor (the lo plane kWgPlaneBytes on). planes_read() runs once the last wgmma
-// that reads the planes has completed.
-template <int N, class PlanesRead>
-__device__ __forceinline__ void wg_block_step(uint64_t da, const uint8_t* xs, const KScales (&ks)[2],
-                                              const uint32_t (&am)[4], int q, float (&sum_q)[N / 2],
-                                              float (&sum_m)[N / 2], PlanesRead planes_read) {
+// The block's integer sums of a warpgroup's 64 rows from its two planes, exact in int32:
+// isum = (hi plane . x) * 2^kHiShift + (lo plane . x) / 2^kLoShift (the lo plane holds
+// 2^kLoShift x its values; the hi plane is s8 where kSignedHi, else u8). Up to 64 tokens
+// the planes accumulate apart and every wgmma of a step is one group (one wait), `also`
+// issuing more of the group's wgmma and `also_done` fencing their operands; beyond, the
+// registers hold one accumulator, shifted between the planes (`also` is not called).
+// planes_read() runs once the last wgmma that reads the planes has completed.
+template <int N, int kHiShift, int kLoShift, bool kSignedHi, class Also, class AlsoDone, class PlanesRead>
+__device__ __forceinline__ void wg_plane_sums(int (&acc)[N / 2], uint64_t da, uint64_t bx, Also also,
+                                              AlsoDone also_done, PlanesRead planes_read) {
   constexpr int R = N / 2;  // accumulators a thread: rows G, G + 8 x tokens 8j + 2q, + 1
-  // up to 64 tokens the hi and lo planes accumulate apart and every wgmma of a step is
-  // one group (one wait); beyond, the registers hold one accumulator, x 8 between the planes
-  constexpr bool kSplit = N <= 64;
   // descriptors step by their 16-byte address units: k-step j of a plane is 2,048 bytes on,
   // of the activations 256; the lo plane kWgPlaneBytes after the hi one
   constexpr uint64_t kLoPlane = kWgPlaneBytes >> 4;
-  const uint64_t bx = smem_desc(xs, 128, 2048), bm = smem_desc(xs + WgActs<N>::kMins, 128, 256);
-  int acc[R], acc_lo[kSplit ? R : 1];
-  float msum[R];
+  auto hi = [&](int j) {
+    if constexpr (kSignedHi) Wgmma<N>::s8s8(acc, da + 128 * j, bx + 16 * j, 1);
+    else Wgmma<N>::u8s8(acc, da + 128 * j, bx + 16 * j, 1);
+  };
+  auto hi_first = [&] {
+    if constexpr (kSignedHi) Wgmma<N>::s8s8_first(acc, da, bx);
+    else Wgmma<N>::u8s8_first(acc, da, bx);
+  };
   wgmma_fence();
-  if constexpr (kSplit) {
+  if constexpr (N <= 64) {
+    int acc_lo[R];
     // two accumulators in turn: independent chains in the tensor pipe
-    Wgmma<N>::u8s8_first(acc, da, bx);
+    hi_first();
     Wgmma<N>::u8s8_first(acc_lo, da + kLoPlane, bx);
 #pragma unroll
     for (int j = 1; j < 8; ++j) {
-      Wgmma<N>::u8s8(acc, da + 128 * j, bx + 16 * j, 1);
+      hi(j);
       Wgmma<N>::u8s8(acc_lo, da + kLoPlane + 128 * j, bx + 16 * j, 1);
     }
-    Wgmma<N>::f16(msum, am, bm);
+    also();
     wgmma_commit();
     wgmma_wait_all();
     fence_operands(acc);
     fence_operands(acc_lo);
-    fence_operands(msum);
+    also_done();
     planes_read();
 #pragma unroll
-    for (int i = 0; i < R; ++i) acc[i] = acc[i] * 8 + acc_lo[i];
+    for (int i = 0; i < R; ++i) acc[i] = acc[i] * (1 << kHiShift) + (acc_lo[i] >> kLoShift);
   } else {
-    Wgmma<N>::u8s8_first(acc, da, bx);
+    hi_first();
 #pragma unroll
-    for (int j = 1; j < 8; ++j) Wgmma<N>::u8s8(acc, da + 128 * j, bx + 16 * j, 1);
+    for (int j = 1; j < 8; ++j) hi(j);
     wgmma_commit();
     wgmma_wait_all();
     fence_operands(acc);
 #pragma unroll
-    for (int i = 0; i < R; ++i) acc[i] <<= 3;
+    for (int i = 0; i < R; ++i) acc[i] <<= kHiShift + kLoShift;
     wgmma_fence();
     fence_operands(acc);
 #pragma unroll
@@ -347,15 +351,46 @@ __device__ __forceinline__ void wg_block_step(uint64_t da, const uint8_t* xs, co
     wgmma_wait_all();
     fence_operands(acc);
     planes_read();
+    if constexpr (kLoShift > 0) {
+#pragma unroll
+      for (int i = 0; i < R; ++i) acc[i] >>= kLoShift;  // exact: the sum is 2^kLoShift isum
+    }
   }
+}
+
+// The CPU's chain step of a thread's (row, token) pairs over one block: rows G, G + 8 (scale
+// d[0], d[1]), tokens 8j + 2q, + 1 (dx from the tokens' block); step(sum, dx, d, v) is
+// q8_block_step or q8_block_step_exact
+template <int N, class V, class Step>
+__device__ __forceinline__ void wg_chain(float (&sum)[N / 2], const uint8_t* xs, int q, float d0, float d1,
+                                         const V (&v)[N / 2], Step step) {
   const float* dx = reinterpret_cast<const float*>(xs + WgActs<N>::kDx);
 #pragma unroll
   for (int j = 0; j < N / 8; ++j) {
     const float2 d2 = *reinterpret_cast<const float2*>(dx + 8 * j + 2 * q);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      sum_q[4 * j + i] = q8_block_step(sum_q[4 * j + i], (i & 1) ? d2.y : d2.x, ks[i >> 1].d, acc[4 * j + i]);
+      sum[4 * j + i] = step(sum[4 * j + i], (i & 1) ? d2.y : d2.x, (i >> 1) ? d1 : d0, v[4 * j + i]);
   }
+}
+
+// One step of a Q4_K/Q5_K warpgroup's 64 rows: isum = 8 * (hi plane . x) + (lo plane . x)
+// and msum in f32, exactly, on the tensor cores; then the CPU's chains into sum_q and
+// sum_m. xs: the tokens' block (quants, mins halves, dx); da: the hi plane's descriptor
+// (the lo plane kWgPlaneBytes on).
+template <int N, class PlanesRead>
+__device__ __forceinline__ void wg_block_step(uint64_t da, const uint8_t* xs, const KScales (&ks)[2],
+                                              const uint32_t (&am)[4], int q, float (&sum_q)[N / 2],
+                                              float (&sum_m)[N / 2], PlanesRead planes_read) {
+  constexpr int R = N / 2;
+  constexpr bool kSplit = N <= 64;
+  const uint64_t bx = smem_desc(xs, 128, 2048), bm = smem_desc(xs + WgActs<N>::kMins, 128, 256);
+  int acc[R];
+  float msum[R];
+  wg_plane_sums<N, 3, 0, false>(
+      acc, da, bx, [&] { Wgmma<N>::f16(msum, am, bm); }, [&] { fence_operands(msum); }, planes_read);
+  wg_chain<N>(sum_q, xs, q, ks[0].d, ks[1].d, acc,
+              [](float s, float dx, float d, int v) { return q8_block_step(s, dx, d, v); });
   if constexpr (!kSplit) {  // the mins' wgmma after the chain: its accumulators take acc's registers
     wgmma_fence();
     Wgmma<N>::f16(msum, am, bm);
@@ -363,13 +398,8 @@ __device__ __forceinline__ void wg_block_step(uint64_t da, const uint8_t* xs, co
     wgmma_wait_all();
     fence_operands(msum);
   }
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j) {
-    const float2 d2 = *reinterpret_cast<const float2*>(dx + 8 * j + 2 * q);
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      sum_m[4 * j + i] = q8_block_step_exact(sum_m[4 * j + i], (i & 1) ? d2.y : d2.x, ks[i >> 1].dmin, msum[4 * j + i]);
-  }
+  wg_chain<N>(sum_m, xs, q, ks[0].dmin, ks[1].dmin, msum,
+              [](float s, float dx, float d, float v) { return q8_block_step_exact(s, dx, d, v); });
 }
 
 // ---------------------------------------------------------------- the formats
@@ -498,55 +528,10 @@ struct WgQ6K {
   template <int N, class PlanesRead>
   static __device__ __forceinline__ void step(uint64_t da, const uint8_t* xs, const Rows& rows, int q, Sums<N>& s,
                                               PlanesRead planes_read) {
-    constexpr int R = N / 2;
-    constexpr bool kSplit = N <= 64;  // as wg_block_step: two accumulators where registers allow
-    constexpr uint64_t kLoPlane = kWgPlaneBytes >> 4;
-    const uint64_t bx = smem_desc(xs, 128, 2048);
-    int acc[R], acc_lo[kSplit ? R : 1];
-    wgmma_fence();
-    if constexpr (kSplit) {
-      Wgmma<N>::s8s8_first(acc, da, bx);
-      Wgmma<N>::u8s8_first(acc_lo, da + kLoPlane, bx);
-#pragma unroll
-      for (int j = 1; j < 8; ++j) {
-        Wgmma<N>::s8s8(acc, da + 128 * j, bx + 16 * j, 1);
-        Wgmma<N>::u8s8(acc_lo, da + kLoPlane + 128 * j, bx + 16 * j, 1);
-      }
-      wgmma_commit();
-      wgmma_wait_all();
-      fence_operands(acc);
-      fence_operands(acc_lo);
-      planes_read();
-#pragma unroll
-      for (int i = 0; i < R; ++i) acc[i] = acc[i] * 64 + (acc_lo[i] >> 2);
-    } else {
-      Wgmma<N>::s8s8_first(acc, da, bx);
-#pragma unroll
-      for (int j = 1; j < 8; ++j) Wgmma<N>::s8s8(acc, da + 128 * j, bx + 16 * j, 1);
-      wgmma_commit();
-      wgmma_wait_all();
-      fence_operands(acc);
-#pragma unroll
-      for (int i = 0; i < R; ++i) acc[i] <<= 8;
-      fence_operands(acc);
-      wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < 8; ++j) Wgmma<N>::u8s8(acc, da + kLoPlane + 128 * j, bx + 16 * j, 1);
-      wgmma_commit();
-      wgmma_wait_all();
-      fence_operands(acc);
-      planes_read();
-#pragma unroll
-      for (int i = 0; i < R; ++i) acc[i] >>= 2;  // exact: the sum is 4 isum
-    }
-    const float* dx = reinterpret_cast<const float*>(xs + WgActs<N>::kDx);
-#pragma unroll
-    for (int j = 0; j < N / 8; ++j) {
-      const float2 d2 = *reinterpret_cast<const float2*>(dx + 8 * j + 2 * q);
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        s.q[4 * j + i] = q8_block_step(s.q[4 * j + i], (i & 1) ? d2.y : d2.x, rows.d[i >> 1], acc[4 * j + i]);
-    }
+    int acc[N / 2];
+    wg_plane_sums<N, 6, 2, true>(acc, da, smem_desc(xs, 128, 2048), [] {}, [] {}, planes_read);
+    wg_chain<N>(s.q, xs, q, rows.d[0], rows.d[1], acc,
+                [](float sum, float dx, float d, int v) { return q8_block_step(sum, dx, d, v); });
   }
   template <int N>
   static __device__ __forceinline__ float result(const Sums<N>& s, int i) {
