@@ -495,7 +495,7 @@ struct Q8DecQ6K {
         const uint8_t* rec = sm.rec + (nt * 8 + j) * sm.tok_stride;
         const uint4 lo = *reinterpret_cast<const uint4*>(rec);
         const uint4 hi = *reinterpret_cast<const uint4*>(rec + 16);
-        const float dx = *reinterpret_cast<const float*>(rec + 32);
+        const float dx = *reinterpret_cast<const float*>(rec + kQ8Sum16DxOffset);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           int l = dp4a_su(r.sc[i][0], lo.x, 0);

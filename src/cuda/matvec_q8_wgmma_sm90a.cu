@@ -877,7 +877,7 @@ __global__ void q8_wgmma_relayout_kernel(Q8Args a, uint8_t* dst, int T, int bloc
   if (a.type == (uint32_t)GgmlType::Q6_K) {  // no mins: the scales from its records (WgQ6K)
     for (int n = threadIdx.x; n < T; n += blockDim.x)
       dxs[n] = n < a.t ? *reinterpret_cast<const float*>(a.meta + ((int64_t)n * a.meta_per_token + b) * kQ8Sum16RecBytes +
-                                                         kQ8RecDxOffset)
+                                                         kQ8Sum16DxOffset)
                        : 0.0f;
     return;
   }

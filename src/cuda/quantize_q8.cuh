@@ -27,8 +27,10 @@ inline Q8Kind q8_kind(uint32_t type) {
   return type == (uint32_t)GgmlType::Q8_0 ? Q8Kind::Q80 : type == (uint32_t)GgmlType::Q6_K ? Q8Kind::Sum16 : Q8Kind::Sum32;
 }
 // a (token, block) record: Sum32 lo[8] | hi[8] | d | pad, Sum16 lo[16] | hi[16] | d | pad (matvec_q8.cuh)
-constexpr int kQ8Sum32RecBytes = 32, kQ8Sum16RecBytes = 48, kQ8RecDxOffset = 32;
-inline int q8_rec_bytes(Q8Kind k) { return k == Q8Kind::Q80 ? 4 : k == Q8Kind::Sum16 ? kQ8Sum16RecBytes : kQ8Sum32RecBytes; }
+constexpr int kQ8Sum32RecBytes = 32, kQ8Sum16RecBytes = 48, kQ8Sum16DxOffset = 32;
+inline int q8_rec_bytes(Q8Kind k) {
+  return k == Q8Kind::Q80 ? 4 : k == Q8Kind::Sum16 ? kQ8Sum16RecBytes : kQ8Sum32RecBytes;
+}
 inline int q8_meta_cols(Q8Kind k) { return k == Q8Kind::Q80 ? 32 : 256; }
 inline int64_t q8_pitch(int64_t K) { return (K + 255) / 256 * 256; }
 
@@ -121,14 +123,15 @@ __device__ __forceinline__ void quantize_q8_chunk(const float* xrow, int64_t K, 
     for (int i = 0; i < 8; ++i) s8 += q[i];
     const int s16 = s8 + __shfl_xor_sync(0xffffffffu, s8, 1);
     const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 2);
-    uint8_t* rec = meta + (k * meta_per_token + chunk) * (kKind == Q8Kind::Sum16 ? kQ8Sum16RecBytes : kQ8Sum32RecBytes);
+    uint8_t* rec =
+        meta + (k * meta_per_token + chunk) * (kKind == Q8Kind::Sum16 ? kQ8Sum16RecBytes : kQ8Sum32RecBytes);
     if constexpr (kKind == Q8Kind::Sum16) {
       if ((lane & 1) == 0) {
         rec[lane >> 1] = (uint8_t)(s16 & 0xff);
         rec[16 + (lane >> 1)] = (uint8_t)((s16 >> 8) & 0xff);
       }
       if (lane == 0) {
-        reinterpret_cast<float*>(rec)[8] = d;
+        *reinterpret_cast<float*>(rec + kQ8Sum16DxOffset) = d;
         reinterpret_cast<uint32_t*>(rec)[9] = reinterpret_cast<uint32_t*>(rec)[10] = reinterpret_cast<uint32_t*>(rec)[11] = 0;
       }
     } else {
