@@ -571,12 +571,14 @@ def test_fifty_load_step_del_cycles_return_device_memory_to_its_baseline(head_fi
 # ---- batches (issue 14): every kernel tier of t, on every weight type, bit for bit ----
 # t = 2..8: the staged q8 kernel; 9..32: its batch tiers (2, 4 token tiles per warp; the
 # streamed kernel where a tier's activations do not fit whole: WIDE_HEADS below);
-# from 49 on the Q4_K/Q5_K batches of an sm_90 device take the wgmma kernels (launches of
-# 128 tokens; a launch of 49..80 on the warp-specialized kernel, computed as 64 or 80, one
-# of 81..128 on the two-warpgroup kernel, computed as a multiple of 16; a last part of
-# fewer than 49 on the kernels above: 50, 64, 65, 90, 100, 128, 129, 192, 200 and 256 end
-# a launch in every way), and from 33 on the Q6_K ones (the two-warpgroup kernel alone:
-# 33, 41, 50 and 64 are computed as 64),
+# from 49 on the Q4_K/Q5_K batches of an sm_90 device take the wgmma kernels (a launch of
+# 49..80 on the warp-specialized kernel, computed as 64 or 80, one of 81..128 on the
+# two-warpgroup kernel, computed as a multiple of 16, one of 129..256 on the shared-decode
+# kernel, computed as two groups of 80..128; a last part of fewer than 49 on the kernels
+# above: 50, 64, 65, 90, 100, 128, 129, 192, 200 and 256 end a launch in every way), and
+# from 33 on the Q6_K ones (33, 41, 50 and 64 are computed as 64; 129..256 on the
+# shared-decode kernel with two decoders; MUSER_Q8_SHARED=65 puts 65..128 on it, as
+# groups of 64, for a run that tests those),
 # the other types and devices launches of 32; the canonical route: its 1..64
 # tiles, and on the seed's hidden size tiles of 8 (x of more tokens does not fit shared
 # memory whole)
@@ -672,10 +674,11 @@ def test_wide_heads_bitwise_equal_to_cpu_and_rows_equal_single_steps(wide_head, 
             assert_bitwise(gpu(x[r]), batch[r], f"{name} {acts} row {r} alone vs in a batch of {t}", "cuda")
 
 
-# more row groups than an H200 has SMs (40,003 rows: 313 groups of 128 over 132 CTAs), so
-# the persistent wgmma kernels walk two or three groups a CTA and their rings run on
-# across groups: every wgmma launch shape (49..80 decoder warpgroups, 81..128 two, a
-# last part on the mma.sync kernels; Q6_K: 33..128 on two) bit for bit
+# more row groups than an H200 has SMs (40,003 rows: 313 groups of 128 over 132 CTAs, 626
+# of 64), so the persistent wgmma kernels walk several groups a CTA and their rings run on
+# across groups: every wgmma launch shape (49..80 decoder warpgroups, 81..128 two,
+# 129..256 shared decode, a last part on the mma.sync kernels; Q6_K: 33..128 on two) bit
+# for bit
 @pytest.mark.parametrize("weight_type", ("Q5_K", "Q4_K", "Q6_K"))
 def test_q8_batches_of_several_row_groups_per_cta_bitwise_equal_to_cpu(heads_dir, weight_type):
     hidden = 512

@@ -164,12 +164,16 @@ void matvec_q8(const Q8Call& a, cudaStream_t stream) {
   if (a.select && a.t > kQ8FoldMaxTokens)  // one launch whose tiles fold (store_q8_tile)
     throw DeviceError("matvec_q8: a selection in the matvec takes at most kQ8FoldMaxTokens tokens");
   if (a.wg && a.t >= q8_wgmma_min_tokens(a.type)) {  // laid out by quantize_acts_q8 where the device takes the kernel
-    // launches of kQ8WgmmaChunk tokens; a last part below the threshold takes the mma.sync
-    // kernels, which are faster there (t = 129: 128 + 1 tokens, the one at t = 1's cost)
-    for (int k0 = 0; k0 < a.t; k0 += kQ8WgmmaChunk) {
-      const Q8Call part = q8_tokens(a, k0, std::min(kQ8WgmmaChunk, a.t - k0));
+    // launches of kQ8SharedChunk tokens on the shared-decode kernel while at least
+    // q8_shared_min_tokens() are left, then of kQ8WgmmaChunk; a last part below the
+    // threshold takes the mma.sync kernels, which are faster there
+    for (int k0 = 0; k0 < a.t;) {
+      const int left = a.t - k0;
+      const int count = std::min(left >= q8_shared_min_tokens() ? kQ8SharedChunk : kQ8WgmmaChunk, left);
+      const Q8Call part = q8_tokens(a, k0, count);
       if (part.t >= q8_wgmma_min_tokens(a.type)) matvec_q8_wgmma(part, stream);
       else matvec_q8(part, stream);
+      k0 += count;
     }
     return;
   }

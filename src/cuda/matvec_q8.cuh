@@ -1297,6 +1297,17 @@ constexpr int kQ8WgmmaMinTokensQ6K = 33;
 constexpr int kQ8WgmmaChunk = 128;
 constexpr int kQ8WsMinTokens = 49;
 constexpr int kQ8WsMaxTokens = 80;
+// Launches of kQ8SharedMinTokens ... kQ8SharedChunk tokens take the shared-decode kernel
+// (decoder warpgroups, 64 rows a CTA decoded once for two math warpgroups of up to 128
+// tokens each), so a batch of 129 ... 256 tokens reads and decodes the weight once where
+// launches of 128 did twice: seed head, H100, 1,152 against 1,280 us at t = 129, 1,647
+// against 1,947 at 256 (Q6_K 1,286 against 1,603 and 1,610 against 2,480). From 128 tokens
+// down the two-warpgroup kernel is faster (t = 128: 971 against 1,047).
+constexpr int kQ8SharedMinTokens = 129;
+constexpr int kQ8SharedChunk = 256;
+// the shared-decode kernel's threshold in force (MUSER_Q8_SHARED=0 turns it off, =<t>
+// moves it, for measuring)
+int q8_shared_min_tokens();
 // whether launches of kQ8WsMinTokens ... kQ8WsMaxTokens take the warp-specialized
 // kernel (MUSER_Q8_WS=0: the two-warpgroup kernel from kQ8WgmmaMinTokens on, for measuring)
 bool q8_ws_enabled();
@@ -1314,7 +1325,8 @@ int q8_wgmma_layout_tokens(int t);
 size_t q8_wgmma_acts_bytes(int64_t K, int t);
 // writes a's quantized activations into dst in that layout (after the quantizer, on its stream)
 void q8_wgmma_relayout(const Q8Args& a, int64_t K, uint8_t* dst, cudaStream_t stream);
-// y = W x for a.wg's activations, one launch (a.t <= kQ8WgmmaChunk; matvec_q8 splits larger t)
+// y = W x for a.wg's activations, one launch (a.t <= kQ8WgmmaChunk, or kQ8SharedChunk from
+// q8_shared_min_tokens() on; matvec_q8 splits larger t)
 void matvec_q8_wgmma(const Q8Call& a, cudaStream_t stream);
 
 // Tokens per matvec_q8 launch for a weight type: 32 for Q4_K, Q5_K and Q8_0 (the

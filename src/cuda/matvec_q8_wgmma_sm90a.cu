@@ -27,7 +27,8 @@
 // What bounds it (two warps a scheduler at 255 registers, the decode and the
 // chains' instruction latency, not the tensor cores): docs/performance.md.
 // Launches of 49 ... 80 tokens run the same steps with the decode in warpgroups of
-// its own (matvec_q8_wgmma_ws_kernel, below).
+// its own (matvec_q8_wgmma_ws_kernel, below), and so do launches of 129 ... 256, whose
+// CTAs hold 64 rows decoded once for two warpgroups of up to 128 tokens each.
 //
 // Q6_K (WgQ6K) takes the same kernel with planes of its own. Its weights are
 // w = sc * (q - 32) (sc a signed byte, q six bits), |w| <= 4,096: no split of the
@@ -70,9 +71,9 @@ namespace {
 constexpr int kWgMinsBytes = 16 * 2, kWgDxBytes = 4;
 constexpr int kWgTokBytes = kQK_K + kWgMinsBytes + kWgDxBytes;
 // the block of N tokens a stage holds: quants, then the mins halves, then dx (offsets)
-template <int N>
+template <int N, int kExtra = kWgMinsBytes>  // kExtra: the format's record after the quants (Q6_K: none)
 struct WgActs {
-  static constexpr int kBytes = N * kWgTokBytes, kMins = N * kQK_K, kDx = N * (kQK_K + kWgMinsBytes);
+  static constexpr int kBytes = N * (kQK_K + kExtra + kWgDxBytes), kMins = N * kQK_K, kDx = N * (kQK_K + kExtra);
 };
 // the shared memory a CTA takes, all that an sm_90 part lets one opt in to (227 KB)
 constexpr size_t kWgSmemBudget = 232448;
@@ -94,11 +95,9 @@ template <class F, int N>
 struct WgLayout {
   static constexpr int kBlockBytes = F::kBlockBytes;
   static constexpr int kRaw = kWgCtaRows * kBlockBytes;  // the CTA's rows' block: 8 row tiles
-  static constexpr int kActs = WgActs<N>::kBytes;  // the tokens' block: quants, mins, dx
-  static constexpr int kMins = WgActs<N>::kMins, kDx = WgActs<N>::kDx;
-  static constexpr int kStage = kRaw + kActs;
-  // the bytes a stage's copies bring: the format's per-token record, not all of its room
-  static constexpr int kCopied = kRaw + N * (kQK_K + F::kTokExtraBytes + kWgDxBytes);
+  using Acts = WgActs<N, F::kTokExtraBytes>;
+  static constexpr int kActs = Acts::kBytes;  // the tokens' block: quants, mins, dx
+  static constexpr int kStage = kRaw + kActs;  // what a stage's copies bring
   static constexpr int kPlanes = 2 * 2 * kWgPlaneBytes;  // [warpgroup][hi, lo]
   // as many stages as the H100/H200's 227 KB a CTA hold (2 at 128 tokens, 3 at 80..112,
   // 4 at 64, 5 at 32)
@@ -130,6 +129,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "=r"(done)
         : "r"(smem_addr(bar)), "r"(parity)
         : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 // bytes (a multiple of 16) from global src to shared dst, counted on bar
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
@@ -361,10 +363,10 @@ __device__ __forceinline__ void wg_plane_sums(int (&acc)[N / 2], uint64_t da, ui
 // The CPU's chain step of a thread's (row, token) pairs over one block: rows G, G + 8 (scale
 // d[0], d[1]), tokens 8j + 2q, + 1 (dx from the tokens' block); step(sum, dx, d, v) is
 // q8_block_step or q8_block_step_exact
-template <int N, class V, class Step>
+template <int N, int kExtra, class V, class Step>
 __device__ __forceinline__ void wg_chain(float (&sum)[N / 2], const uint8_t* xs, int q, float d0, float d1,
                                          const V (&v)[N / 2], Step step) {
-  const float* dx = reinterpret_cast<const float*>(xs + WgActs<N>::kDx);
+  const float* dx = reinterpret_cast<const float*>(xs + WgActs<N, kExtra>::kDx);
 #pragma unroll
   for (int j = 0; j < N / 8; ++j) {
     const float2 d2 = *reinterpret_cast<const float2*>(dx + 8 * j + 2 * q);
@@ -389,7 +391,7 @@ __device__ __forceinline__ void wg_block_step(uint64_t da, const uint8_t* xs, co
   float msum[R];
   wg_plane_sums<N, 3, 0, false>(
       acc, da, bx, [&] { Wgmma<N>::f16(msum, am, bm); }, [&] { fence_operands(msum); }, planes_read);
-  wg_chain<N>(sum_q, xs, q, ks[0].d, ks[1].d, acc,
+  wg_chain<N, kWgMinsBytes>(sum_q, xs, q, ks[0].d, ks[1].d, acc,
               [](float s, float dx, float d, int v) { return q8_block_step(s, dx, d, v); });
   if constexpr (!kSplit) {  // the mins' wgmma after the chain: its accumulators take acc's registers
     wgmma_fence();
@@ -398,7 +400,7 @@ __device__ __forceinline__ void wg_block_step(uint64_t da, const uint8_t* xs, co
     wgmma_wait_all();
     fence_operands(msum);
   }
-  wg_chain<N>(sum_m, xs, q, ks[0].dmin, ks[1].dmin, msum,
+  wg_chain<N, kWgMinsBytes>(sum_m, xs, q, ks[0].dmin, ks[1].dmin, msum,
               [](float s, float dx, float d, float v) { return q8_block_step_exact(s, dx, d, v); });
 }
 
@@ -407,7 +409,9 @@ __device__ __forceinline__ void wg_block_step(uint64_t da, const uint8_t* xs, co
 // What the kernels ask of a weight format F:
 //   kBlockBytes, kTokExtraBytes (the record a token's block copies after its quants);
 //   Sums<N>: a thread's chain sums; Rows: what the chains need of rows hrow, hrow + 8,
-//   from their blocks' first bytes (the raw stage, or the decoder's headers);
+//   from their blocks (the raw stage, or the decoders' copies of the 16 bytes from
+//   kHeaderOffset that header(row) loads); kSplitDecode: two decoder warpgroups a half
+//   in the shared-decode kernel;
 //   decode(row, planes, r, u): item u (0..3) of row r into the two planes;
 //   step<N>(da, xs, rows, q, sums, planes_read): the block's integer sums and chains;
 //   result(sums, i): the logit of accumulator i.
@@ -436,6 +440,11 @@ struct WgKQuant {
   static __device__ __forceinline__ void decode(const uint8_t* row, uint8_t* planes, int r, int u) {
     wg_decode<kHigh>(row, planes, r, u);
   }
+  // the 16 bytes of a row's block that Rows reads, from kHeaderOffset (the decoder
+  // warpgroups keep them beside the planes): d, dmin and the scales
+  static constexpr int kHeaderOffset = 0;
+  static constexpr bool kSplitDecode = false;  // one decoder warpgroup a half (WsLayout)
+  static __device__ __forceinline__ uint4 header(const uint8_t* row) { return *reinterpret_cast<const uint4*>(row); }
   template <int N, class PlanesRead>
   static __device__ __forceinline__ void step(uint64_t da, const uint8_t* xs, const Rows& rows, int q, Sums<N>& s,
                                               PlanesRead planes_read) {
@@ -523,6 +532,10 @@ struct WgQ6K {
   static __device__ __forceinline__ void decode(const uint8_t* row, uint8_t* planes, int r, int u) {
     wg_decode_q6k(row, planes, r, u);
   }
+  // the 16 bytes that end with d (Rows reads d alone), at a 2-byte aligned address
+  static constexpr int kHeaderOffset = kQ6KDOffset + 2 - 16;
+  static constexpr bool kSplitDecode = true;  // its decode is ~1.5 x Q5_K's instructions
+  static __device__ __forceinline__ uint4 header(const uint8_t* row) { return lds16_even(row + kHeaderOffset); }
   // isum = 64 (hi . x) + (lo4 . x) / 4, exact in int32 (|64 hi . x| <= 2^27, |4 isum| <= 2^30),
   // then the CPU's chain (Q8DecQ6K::compute: y = sum_q)
   template <int N, class PlanesRead>
@@ -530,7 +543,7 @@ struct WgQ6K {
                                               PlanesRead planes_read) {
     int acc[N / 2];
     wg_plane_sums<N, 6, 2, true>(acc, da, smem_desc(xs, 128, 2048), [] {}, [] {}, planes_read);
-    wg_chain<N>(s.q, xs, q, rows.d[0], rows.d[1], acc,
+    wg_chain<N, kTokExtraBytes>(s.q, xs, q, rows.d[0], rows.d[1], acc,
                 [](float sum, float dx, float d, int v) { return q8_block_step(sum, dx, d, v); });
   }
   template <int N>
@@ -540,15 +553,15 @@ struct WgQ6K {
 };
 
 // The logits of a warpgroup thread's (row, token) pairs: rows row0 and row0 + 8 (from
-// the thread's first), tokens 8j + 2q and + 1; rows and tokens past the call's unstored.
+// the thread's first), tokens k0 + 8j + 2q and + 1; rows and tokens past the call's unstored.
 template <class F, int N>
 __device__ __forceinline__ void wg_store_rows(const Q8Call& a, int64_t row0, int q,
-                                              const typename F::template Sums<N>& sums) {
+                                              const typename F::template Sums<N>& sums, int k0 = 0) {
 #pragma unroll
   for (int j = 0; j < N / 8; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int k = 8 * j + 2 * q + (i & 1);
+      const int k = k0 + 8 * j + 2 * q + (i & 1);
       const int64_t row = row0 + 8 * (i >> 1);
       if (k < a.t && row < a.rows) a.y[k * a.ldy + row] = F::template result<N>(sums, 4 * j + i);
     }
@@ -584,7 +597,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
   auto issue_weight = [&](WgStep w, int s) {
     if (w.n >= my_groups) return;
     uint8_t* st = smem_wg + L::kPlanes + s * L::kStage;
-    mbar_expect_tx(&full[s], L::kCopied);
+    mbar_expect_tx(&full[s], L::kStage);
 #pragma unroll 1
     for (int i = 0; i < kWgCtaRows / kTileRows; ++i)
       bulk_copy(st + i * kTileRows * L::kBlockBytes, weight_src(w, i), kTileRows * L::kBlockBytes, &full[s]);
@@ -594,10 +607,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
     uint8_t* st = smem_wg + L::kPlanes + s * L::kStage + L::kRaw;
     const int64_t at = (int64_t)w.b * T + a.wg_k0;
     bulk_copy(st, a.wg + at * kQK_K, N * kQK_K, &full[s]);
-    uint8_t* const extra = st + L::kMins;  // the mins halves' room (Q6_K: none)
+    uint8_t* const extra = st + L::Acts::kMins;  // the mins halves (Q6_K: none)
     if constexpr (F::kTokExtraBytes > 0)
       bulk_copy(extra, mins + at * F::kTokExtraBytes, N * F::kTokExtraBytes, &full[s]);
-    bulk_copy(st + L::kDx, dxs + at * kWgDxBytes, N * kWgDxBytes, &full[s]);
+    bulk_copy(st + L::Acts::kDx, dxs + at * kWgDxBytes, N * kWgDxBytes, &full[s]);
   };
 
   if (tid == 0) {
@@ -666,51 +679,79 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
 
 // ---------------------------------------------------------------- warp-specialized
 
-// Launches of 49 ... 80 tokens: the same steps with the work split by kind over four
-// warpgroups, so that one step's decode overlaps another's products and chains instead of
-// every warp doing them in turn:
-//   - warpgroups 0 and 1 decode, each one half of the CTA's rows (64): per step it waits
-//     for the half's raw block (its own ring of stages, bulk copies its thread 0
-//     issues), decodes it into a plane buffer (two, in turn) beside the rows' 16-byte
-//     headers and tells the half's math warpgroup; they run on 64 registers (setmaxnreg);
-//   - warpgroups 2 and 3 multiply and chain, each its half, on the registers the
-//     decoders gave back (192); they free a plane buffer once its last wgmma has read
-//     it, and the last of their 8 warps to finish an activation stage refills it.
-// Two plane buffers and two decoders' rings leave room for 80 tokens (kWsMaxTokens).
-// What bounds it is shared memory: the planes are written and read once each, and the
-// activations read once per plane and warpgroup (Nsight Compute at t = 80: L1/shared
-// 88 % busy; docs/performance.md). From 81 tokens on the two-warpgroup kernel above,
-// whose decode serves more tokens, is faster.
+// The same steps with the work split by kind over warpgroups, so that one step's decode
+// overlaps another's products and chains instead of every warp doing them in turn:
+//   - decoder warpgroups, one or two a 64-row half of the CTA's rows: per step each waits
+//     for its rows' raw block (its own ring of stages, bulk copies its thread 0 issues),
+//     decodes it into a plane buffer (two, in turn) beside the rows' 16-byte headers and
+//     tells the math warpgroups that read that half; they run on few registers (setmaxnreg);
+//   - two math warpgroups multiply and chain on the registers the decoders gave back;
+//     they free a plane buffer once its last wgmma has read it, and the last of their 8
+//     warps to finish an activation stage refills it.
+// kGroups = 1 (launches of 49 ... 80 tokens): 128 rows, two decoders, each math warpgroup
+// one half's rows and all N tokens; two plane buffers and two decoders' rings leave room
+// for 80 tokens (kWsMaxTokens). What bounds it is shared memory: the planes are written
+// and read once each, and the activations read once per plane and warpgroup (Nsight
+// Compute at t = 80: L1/shared 88 % busy; docs/performance.md).
+// kGroups = 2 (launches of q8_shared_min_tokens() on, N = 64 ... 128): 64 rows, both
+// math warpgroups the same planes for N tokens each (the two token groups of a stage), so
+// a launch of up to 256 tokens reads and decodes each block once where two launches of
+// 128 did twice; one decoder for Q4_K/Q5_K (224 registers for the math), two of 32 rows
+// for Q6_K (its decode is the longer, its math needs 192). Seed head, H100: t = 256
+// 1,647 against 1,947 us as two launches of 128 (docs/performance.md). Q6_K's stages
+// hold no mins room (WgActs<N, 0>), so that two raw stages fit beside two activation
+// stages at N = 128 (1,610 against 1,853 us with one).
 constexpr int kWsMaxTokens = kQ8WsMaxTokens;
 constexpr int kWsHeaderBytes = 16;
-constexpr int kWsThreads = 4 * 128;
-constexpr int kWsDecodeRegs = 64, kWsMathRegs = 192;  // 2 x 64 + 2 x 192 = 4 x 128, what the launch gives
 
-template <bool kHigh, int N>
+template <class F, int N, int kGroups>
 struct WsLayout {
-  static constexpr int kBlockBytes = Q8DecKQuant<kHigh>::kBlockBytes;
-  static constexpr int kHalfRaw = kWgRows * kBlockBytes;  // one half's rows' block
-  static constexpr int kPlaneBuf = 2 * 2 * kWgPlaneBytes + kWgCtaRows * kWsHeaderBytes;  // [half][hi, lo], headers
-  static constexpr int kActs = WgActs<N>::kBytes;
-  static constexpr int kMins = WgActs<N>::kMins, kDx = WgActs<N>::kDx;
-  // two raw stages a decoder, then as many activation stages as fit (up to 4), then raw
-  // stages up to 6 a decoder
-  static constexpr int kActsFit = (int)((kWgSmemBudget - 2 * kPlaneBuf - 2 * 2 * kHalfRaw - 256) / kActs);
+  static constexpr int kHalves = 2 / kGroups;  // 64-row halves of the CTA's rows
+  static constexpr int kCtaRows = kHalves * kWgRows;
+  // decoder warpgroups a half: two (32 rows each) for a format whose decode is the longer
+  // step (F::kSplitDecode: Q6_K, whose math also needs fewer registers), else one
+  static constexpr int kSplit = kGroups == 2 && F::kSplitDecode ? 2 : 1;
+  static constexpr int kDecoders = kHalves * kSplit;
+  static constexpr int kThreads = (kDecoders + 2) * 128;
+  // registers a thread (setmaxnreg): the launch gives every thread kLaunchRegs; the
+  // decoders give back what the math warpgroups take (Q6_K's decode spills at 48)
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kDecodeRegs = kGroups == 1 || kSplit == 2 ? 64 : 56;
+  static constexpr int kMathRegs = (kLaunchRegs + kDecoders * (kLaunchRegs - kDecodeRegs) / 2) / 8 * 8;
+  static constexpr int kBlockBytes = F::kBlockBytes;
+  // [half][hi, lo], then the headers
+  static constexpr int kPlaneBuf = kHalves * 2 * kWgPlaneBytes + kCtaRows * kWsHeaderBytes;
+  using Acts = WgActs<N, F::kTokExtraBytes>;
+  static constexpr int kGroupActs = Acts::kBytes;
+  static constexpr int kActs = kGroups * kGroupActs;
+  static constexpr int kDx = Acts::kDx;  // within a group's block
+  static constexpr int kPartRows = kWgRows / kSplit;  // rows a decoder decodes
+  static constexpr int kPartRaw = kPartRows * kBlockBytes;  // their block
+  // kMinRaw raw stages a decoder (one where two activation stages of 2 x 128 tokens
+  // leave room for no more, Q4_K/Q5_K: the decoder then waits for each copy; splitting
+  // the rows' block into two stages decoded in turn measured the same), then as many
+  // activation stages as fit (up to 4), then raw stages up to 6 a decoder
+  static constexpr int kMinRaw =
+      kWgSmemBudget - 2 * kPlaneBuf - 2 * kActs - 256 >= (size_t)2 * kDecoders * kPartRaw ? 2 : 1;
+  static constexpr int kActsFit =
+      (int)((kWgSmemBudget - 2 * kPlaneBuf - kDecoders * kMinRaw * kPartRaw - 256) / kActs);
   static constexpr int kActsStages = kActsFit < 4 ? kActsFit : 4;
-  static constexpr int kFit = (int)((kWgSmemBudget - 2 * kPlaneBuf - kActsStages * kActs - 256) / (2 * kHalfRaw));
+  static constexpr int kFit = (int)((kWgSmemBudget - 2 * kPlaneBuf - kActsStages * kActs - 256) / (kDecoders * kPartRaw));
   static constexpr int kRawStages = kFit < 6 ? kFit : 6;
   static constexpr int kRaw0 = 2 * kPlaneBuf + kActsStages * kActs;
-  static constexpr int kBars = kRaw0 + 2 * kRawStages * kHalfRaw;
-  // raw_full[2][kRawStages], acts_full[kActsStages], planes_full[4], planes_empty[4], released[kActsStages]
-  static constexpr size_t kSmem = (size_t)kBars + 8 * (2 * kRawStages + kActsStages + 8) + 4 * kActsStages;
-  static_assert(N <= kWsMaxTokens && kActsStages >= 2 && kRawStages >= 2, "two stages of each at least");
+  static constexpr int kBars = kRaw0 + kDecoders * kRawStages * kPartRaw;
+  // raw_full[kDecoders][kRawStages], acts_full[kActsStages], planes_full[2][kHalves],
+  // planes_empty[2][kHalves], released[kActsStages]
+  static constexpr size_t kSmem = (size_t)kBars + 8 * (kDecoders * kRawStages + kActsStages + 4 * kHalves) + 4 * kActsStages;
+  static_assert(kGroups == 1 || kGroups == 2, "one or two token groups a CTA");
+  static_assert((kGroups == 2 || N <= kWsMaxTokens) && kActsStages >= 2 && kRawStages >= kMinRaw, "stages");
+  static_assert(kDecoders * 128 * (kLaunchRegs - kDecodeRegs) >= 256 * (kMathRegs - kLaunchRegs) &&
+                    kDecodeRegs % 8 == 0 && kMathRegs % 8 == 0,
+                "the math takes no more registers than the decoders give back, in setmaxnreg's steps");
   static_assert(kSmem <= kWgSmemBudget, "q8_wgmma_ready checks the device for the budget, not each layout");
-  static_assert(kHalfRaw % 16 == 0 && kActs % 16 == 0 && kPlaneBuf % 128 == 0 && kBars % 8 == 0, "alignment");
+  static_assert(kPartRaw % 16 == 0 && kGroupActs % 16 == 0 && kPlaneBuf % 128 == 0 && kBars % 8 == 0, "alignment");
 };
 
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
 template <int R>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
@@ -720,21 +761,20 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
 }
 
-template <bool kHigh, int N>
-__global__ void __launch_bounds__(kWsThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Call a) {
-  using L = WsLayout<kHigh, N>;
-  using F = WgKQuant<kHigh>;
-  constexpr int RS = L::kRawStages, SA = L::kActsStages;
+template <class F, int N, int kGroups>
+__global__ void __launch_bounds__(WsLayout<F, N, kGroups>::kThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Call a) {
+  using L = WsLayout<F, N, kGroups>;
+  constexpr int RS = L::kRawStages, SA = L::kActsStages, D = L::kDecoders, H = L::kHalves, kSplit = L::kSplit;
   extern __shared__ __align__(128) uint8_t smem_ws[];
-  uint64_t* raw_full = reinterpret_cast<uint64_t*>(smem_ws + L::kBars);  // [half][stage]
-  uint64_t* acts_full = raw_full + 2 * RS;
-  uint64_t* planes_full = acts_full + SA;   // [buffer][half]
-  uint64_t* planes_empty = planes_full + 4;  // [buffer][half]
-  int* released = reinterpret_cast<int*>(planes_empty + 4);
+  uint64_t* raw_full = reinterpret_cast<uint64_t*>(smem_ws + L::kBars);  // [decoder][stage]
+  uint64_t* acts_full = raw_full + D * RS;
+  uint64_t* planes_full = acts_full + SA;        // [buffer][half]
+  uint64_t* planes_empty = planes_full + 2 * H;  // [buffer][half]
+  int* released = reinterpret_cast<int*>(planes_empty + 2 * H);
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wt = tid & 127, warp = wt >> 5,
             lane = tid & 31, G = lane >> 2, q = lane & 3;
   const int blocks = (int)(a.cols / kQK_K);
-  const int64_t groups = (a.rows + kWgCtaRows - 1) / kWgCtaRows;
+  const int64_t groups = (a.rows + L::kCtaRows - 1) / L::kCtaRows;
   const int my_groups = (int)((groups - blockIdx.x + gridDim.x - 1) / gridDim.x);  // >= 1: grid <= groups
   const int steps = my_groups * blocks;
   const int64_t last_tile = (a.rows + kTileRows - 1) / kTileRows - 1;
@@ -742,19 +782,20 @@ __global__ void __launch_bounds__(kWsThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Cal
   const uint8_t* const mins = a.wg + blocks * T * kQK_K;
   const uint8_t* const dxs = mins + blocks * T * kWgMinsBytes;
   auto plane_buf = [&](int p) { return smem_ws + p * L::kPlaneBuf; };
-  auto headers = [&](int p) { return plane_buf(p) + 2 * 2 * kWgPlaneBytes; };
-  auto raw_stage = [&](int h, int slot) { return smem_ws + L::kRaw0 + (h * RS + slot) * L::kHalfRaw; };
+  auto headers = [&](int p) { return plane_buf(p) + H * 2 * kWgPlaneBytes; };
+  auto raw_stage = [&](int d, int slot) { return smem_ws + L::kRaw0 + (d * RS + slot) * L::kPartRaw; };
 
-  // half h of step s into its decoder's stage `slot`: the half's 4 row tiles
-  auto issue_raw = [&](int h, int s, int slot) {
+  // decoder d's rows of step s into its stage `slot`: kPartRows / kTileRows row tiles
+  auto issue_raw = [&](int d, int s, int slot) {
     if (s >= steps) return;
     const int n = s / blocks, b = s - n * blocks;
-    uint8_t* st = raw_stage(h, slot);
-    uint64_t* bar = &raw_full[h * RS + slot];
-    mbar_expect_tx(bar, L::kHalfRaw);
-    const int64_t tile0 = (blockIdx.x + (int64_t)n * gridDim.x) * (kWgCtaRows / kTileRows) + h * (kWgRows / kTileRows);
+    uint8_t* st = raw_stage(d, slot);
+    uint64_t* bar = &raw_full[d * RS + slot];
+    mbar_expect_tx(bar, L::kPartRaw);
+    const int64_t tile0 =
+        (blockIdx.x + (int64_t)n * gridDim.x) * (L::kCtaRows / kTileRows) + d * (L::kPartRows / kTileRows);
 #pragma unroll 1
-    for (int i = 0; i < kWgRows / kTileRows; ++i) {
+    for (int i = 0; i < L::kPartRows / kTileRows; ++i) {
       const int64_t tile = tile0 + i < last_tile ? tile0 + i : last_tile;  // past the last: never stored
       bulk_copy(st + i * kTileRows * L::kBlockBytes,
                 a.w + tile * kTileRows * a.row_bytes + (int64_t)b * kTileRows * L::kBlockBytes,
@@ -765,34 +806,40 @@ __global__ void __launch_bounds__(kWsThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Cal
     if (s >= steps) return;
     const int b = s % blocks;
     uint8_t* st = smem_ws + 2 * L::kPlaneBuf + slot * L::kActs;
-    const int64_t at = (int64_t)b * T + a.wg_k0;
     mbar_expect_tx(&acts_full[slot], L::kActs);
-    bulk_copy(st, a.wg + at * kQK_K, N * kQK_K, &acts_full[slot]);
-    bulk_copy(st + L::kMins, mins + at * kWgMinsBytes, N * kWgMinsBytes, &acts_full[slot]);
-    bulk_copy(st + L::kDx, dxs + at * kWgDxBytes, N * kWgDxBytes, &acts_full[slot]);
+#pragma unroll
+    for (int h = 0; h < kGroups; ++h) {  // token group h: the launch's tokens hN .. hN + N - 1
+      const int64_t at = (int64_t)b * T + a.wg_k0 + h * N;
+      uint8_t* gs = st + h * L::kGroupActs;
+      bulk_copy(gs, a.wg + at * kQK_K, N * kQK_K, &acts_full[slot]);
+      uint8_t* const extra = gs + L::Acts::kMins;  // the mins halves (Q6_K: none)
+      if constexpr (F::kTokExtraBytes > 0)
+        bulk_copy(extra, mins + at * F::kTokExtraBytes, N * F::kTokExtraBytes, &acts_full[slot]);
+      bulk_copy(gs + L::kDx, dxs + at * kWgDxBytes, N * kWgDxBytes, &acts_full[slot]);
+    }
   };
 
   if (tid == 0) {
-    for (int k = 0; k < 2 * RS; ++k) mbar_init(&raw_full[k], 1);
+    for (int k = 0; k < D * RS; ++k) mbar_init(&raw_full[k], 1);
     for (int k = 0; k < SA; ++k) {
       mbar_init(&acts_full[k], 1);
       released[k] = 0;
     }
-    for (int k = 0; k < 4; ++k) {
-      mbar_init(&planes_full[k], 1);
-      mbar_init(&planes_empty[k], 4);  // a warp of the half's math warpgroup each
+    for (int k = 0; k < 2 * H; ++k) {
+      mbar_init(&planes_full[k], kSplit);          // the half's decoders
+      mbar_init(&planes_empty[k], 4 * kGroups);  // a warp of each math warpgroup that reads the half
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   pdl_launch_dependents();
 
-  if (wg < 2) {  // ------------------------------------------------ the decoder of half h
-    setmaxnreg_dec<kWsDecodeRegs>();
-    const int h = wg;
+  if (wg < D) {  // ------------------------------------------------ decoder d: rows of half h
+    setmaxnreg_dec<L::kDecodeRegs>();
+    const int d = wg, h = d / kSplit, row0 = (d % kSplit) * L::kPartRows;  // row0: within the half
     if (wt == 0) {
-      for (int k = 0; k < RS; ++k) issue_raw(h, k, k);  // the weight depends on no earlier kernel
-      if (h == 0) {
+      for (int k = 0; k < RS; ++k) issue_raw(d, k, k);  // the weight depends on no earlier kernel
+      if (d == 0) {
         pdl_wait();  // the activations are the previous kernel's output
         for (int k = 0; k < SA; ++k) issue_acts(k, k);
       }
@@ -802,33 +849,34 @@ __global__ void __launch_bounds__(kWsThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Cal
 #pragma unroll 1
     for (int s = 0; s < steps; ++s) {
       const int p = s & 1;
-      mbar_wait(&raw_full[h * RS + slot], rphase);
-      mbar_wait(&planes_empty[2 * p + h], ((s >> 1) & 1) ^ 1);  // a fresh barrier passes parity 1
-      const uint8_t* raw = raw_stage(h, slot);
+      mbar_wait(&raw_full[d * RS + slot], rphase);
+      mbar_wait(&planes_empty[H * p + h], ((s >> 1) & 1) ^ 1);  // a fresh barrier passes parity 1
+      const uint8_t* raw = raw_stage(d, slot);
       uint8_t* planes = plane_buf(p) + h * 2 * kWgPlaneBytes;
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
+      for (int k = 0; k < L::kPartRows / 32; ++k) {  // kPartRows x 4 items
         const int item = wt + 128 * k, r = item >> 2, u = item & 3;
-        F::decode(raw + r * L::kBlockBytes, planes, r, u);
+        F::decode(raw + r * L::kBlockBytes, planes, row0 + r, u);
       }
-      if (wt < kWgRows)
-        *reinterpret_cast<uint4*>(headers(p) + (h * kWgRows + wt) * kWsHeaderBytes) =
-            *reinterpret_cast<const uint4*>(raw + wt * L::kBlockBytes);
+      if (wt < L::kPartRows)
+        *reinterpret_cast<uint4*>(headers(p) + (h * kWgRows + row0 + wt) * kWsHeaderBytes) =
+            F::header(raw + wt * L::kBlockBytes);
       fence_proxy_async();
-      warpgroup_sync(h);  // the half's planes are written and its raw stage is read
+      warpgroup_sync(d);  // its rows' planes are written and its raw stage is read
       if (wt == 0) {
-        mbar_arrive(&planes_full[2 * p + h]);
-        issue_raw(h, s + RS, slot);
+        mbar_arrive(&planes_full[H * p + h]);
+        issue_raw(d, s + RS, slot);
       }
       if (++slot == RS) slot = 0, rphase ^= 1;
     }
     return;
   }
 
-  // ------------------------------------------------------------------ the math of half g
-  setmaxnreg_inc<kWsMathRegs>();
-  const int g = wg - 2;
-  const int hrow = g * kWgRows + warp * 16 + G;  // the CTA row of this thread's first accumulators
+  // ------------------------------------------------------------------ the math of warpgroup g
+  setmaxnreg_inc<L::kMathRegs>();
+  const int g = wg - D;
+  const int half = kGroups == 1 ? g : 0, group = kGroups == 1 ? 0 : g;  // its rows' half and tokens
+  const int hrow = half * kWgRows + warp * 16 + G;  // the CTA row of this thread's first accumulators
   int sa = 0, s = 0;
   uint32_t aphase = 0;
 #pragma unroll 1
@@ -838,15 +886,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Cal
 #pragma unroll 1
     for (int b = 0; b < blocks; ++b, ++s) {
       const int p = s & 1;
-      const uint8_t* xs = smem_ws + 2 * L::kPlaneBuf + sa * L::kActs;
+      const uint8_t* xs = smem_ws + 2 * L::kPlaneBuf + sa * L::kActs + group * L::kGroupActs;
       mbar_wait(&acts_full[sa], aphase);
-      mbar_wait(&planes_full[2 * p + g], (s >> 1) & 1);
-      const uint8_t* hdr = headers(p);
+      mbar_wait(&planes_full[H * p + half], (s >> 1) & 1);
+      const uint8_t* hdr = headers(p) - F::kHeaderOffset;  // Rows reads the header bytes at their block offsets
       const typename F::Rows rows(hdr + hrow * kWsHeaderBytes, hdr + (hrow + 8) * kWsHeaderBytes, q);
-      const uint64_t da = smem_desc(plane_buf(p) + g * 2 * kWgPlaneBytes, 1024, 128);
+      const uint64_t da = smem_desc(plane_buf(p) + half * 2 * kWgPlaneBytes, 1024, 128);
       F::template step<N>(da, xs, rows, q, sums, [&] {
         __syncwarp();  // every lane's header reads and plane wgmma are done: the planes are free
-        if (lane == 0) mbar_arrive(&planes_empty[2 * p + g]);
+        if (lane == 0) mbar_arrive(&planes_empty[H * p + half]);
       });
       // the activation stage is read: the last of the 8 math warps to finish it refills it
       if (lane == 0) {
@@ -855,7 +903,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Cal
       }
       if (++sa == SA) sa = 0, aphase ^= 1;
     }
-    wg_store_rows<F, N>(a, (blockIdx.x + (int64_t)n * gridDim.x) * kWgCtaRows + hrow, q, sums);
+    wg_store_rows<F, N>(a, (blockIdx.x + (int64_t)n * gridDim.x) * L::kCtaRows + hrow, q, sums, group * N);
   }
 }
 
@@ -908,13 +956,13 @@ void launch_wgmma(const Q8Call& a, cudaStream_t stream) {
                     a.rows, kWgCtaRows, stream, "matvec_q8_wgmma");
 }
 
-template <bool kHigh, int N>
+template <class F, int N, int kGroups = 1>
 void launch_ws(const Q8Call& a, cudaStream_t stream) {
-  using L = WsLayout<kHigh, N>;
+  using L = WsLayout<F, N, kGroups>;
   Q8Call args = a;
   void* params[] = {&args};
-  launch_persistent(reinterpret_cast<const void*>(&matvec_q8_wgmma_ws_kernel<kHigh, N>), params, kWsThreads,
-                    L::kSmem, a.rows, kWgCtaRows, stream, "matvec_q8_wgmma_ws");
+  launch_persistent(reinterpret_cast<const void*>(&matvec_q8_wgmma_ws_kernel<F, N, kGroups>), params, L::kThreads,
+                    L::kSmem, a.rows, L::kCtaRows, stream, kGroups == 1 ? "matvec_q8_wgmma_ws" : "matvec_q8_wgmma_ws_shared");
 }
 
 template <class F>
@@ -929,6 +977,19 @@ void launch_wgmma_tokens(const Q8Call& a, cudaStream_t stream) {
   }
 }
 
+// A launch of 2N tokens on the shared-decode kernel: N = wg_tokens(ceil(t / 2)), 64 .. 128
+template <class F>
+void launch_shared_tokens(const Q8Call& a, cudaStream_t stream) {
+  switch (wg_tokens((a.t + 1) / 2)) {
+    case 32:
+    case 64: launch_ws<F, 64, 2>(a, stream); break;
+    case 80: launch_ws<F, 80, 2>(a, stream); break;
+    case 96: launch_ws<F, 96, 2>(a, stream); break;
+    case 112: launch_ws<F, 112, 2>(a, stream); break;
+    default: launch_ws<F, 128, 2>(a, stream); break;
+  }
+}
+
 }  // namespace
 #endif  // MUSER_CUDA_WGMMA
 
@@ -938,6 +999,19 @@ bool q8_ws_enabled() {
     return !e || std::atoi(e) != 0;
   }();
   return on;
+}
+
+int q8_shared_min_tokens() {
+  // MUSER_Q8_SHARED=0 turns the shared-decode kernel off, =<t> moves its threshold (for
+  // measuring); it is a decoder-warpgroup kernel, so MUSER_Q8_WS=0 turns it off too
+  static const int min_tokens = [] {
+    const char* e = std::getenv("MUSER_Q8_SHARED");
+    if (!q8_ws_enabled()) return INT_MAX;
+    if (!e) return kQ8SharedMinTokens;
+    const int v = std::atoi(e);
+    return v <= 0 ? INT_MAX : v;
+  }();
+  return min_tokens;
 }
 
 bool q8_wgmma_type(uint32_t type) {
@@ -970,8 +1044,9 @@ bool q8_wgmma_ready(uint32_t type, int t) {
   return major == 9 && minor == 0 && smem_optin_bytes() >= kWgSmemBudget;
 }
 
-// t in 8-token groups, and one launch's worth of zeros after them: a launch of
-// `count` tokens from token k0 reads wg_tokens(count) <= count + 127 of them
+// t in 8-token groups, and kQ8WgmmaChunk zeros after them: a launch of `count` tokens
+// from token k0 reads wg_tokens(count) <= count + 31 of them, or (shared decode)
+// 2 wg_tokens(ceil(count / 2)), 64 at least, <= count + 127
 int q8_wgmma_layout_tokens(int t) { return (t + 7) / 8 * 8 + kQ8WgmmaChunk; }
 
 size_t q8_wgmma_acts_bytes(int64_t K, int t) {
@@ -989,8 +1064,17 @@ void q8_wgmma_relayout(const Q8Args& a, int64_t K, uint8_t* dst, cudaStream_t st
 void matvec_q8_wgmma(const Q8Call& a, cudaStream_t stream) {
   if (!a.wg) throw DeviceError("matvec_q8_wgmma: the activations were not laid out for it");
   if (a.fold.op != EpilogueOp::None) throw DeviceError("matvec_q8_wgmma: no fused node (kQ8FoldMaxTokens)");
-  if (a.t > kQ8WgmmaChunk || a.wg_k0 + wg_tokens(a.t) > a.wg_tokens)
-    throw DeviceError("matvec_q8_wgmma: a launch past kQ8WgmmaChunk tokens or the activations' layout");
+  const bool shared = a.t >= q8_shared_min_tokens();
+  const int computed = shared ? 2 * std::max(64, wg_tokens((a.t + 1) / 2)) : wg_tokens(a.t);
+  if (a.t > (shared ? kQ8SharedChunk : kQ8WgmmaChunk) || a.wg_k0 + computed > a.wg_tokens)
+    throw DeviceError("matvec_q8_wgmma: a launch past its kernel's tokens or the activations' layout");
+  if (shared) {
+    if (a.type == (uint32_t)GgmlType::Q6_K) launch_shared_tokens<WgQ6K>(a, stream);
+    else if (a.type == (uint32_t)GgmlType::Q5_K) launch_shared_tokens<WgKQuant<true>>(a, stream);
+    else launch_shared_tokens<WgKQuant<false>>(a, stream);
+    check_launch("matvec_q8_wgmma_shared");
+    return;
+  }
   if (a.type == (uint32_t)GgmlType::Q6_K) {  // no decoder warpgroups of its own
     launch_wgmma_tokens<WgQ6K>(a, stream);
     check_launch("matvec_q8_wgmma");
@@ -998,8 +1082,9 @@ void matvec_q8_wgmma(const Q8Call& a, cudaStream_t stream) {
   }
   if (q8_ws_enabled() && a.t <= kQ8WsMaxTokens) {
     const bool n64 = wg_tokens(a.t) <= 64;
-    if (a.type == (uint32_t)GgmlType::Q5_K) n64 ? launch_ws<true, 64>(a, stream) : launch_ws<true, 80>(a, stream);
-    else n64 ? launch_ws<false, 64>(a, stream) : launch_ws<false, 80>(a, stream);
+    if (a.type == (uint32_t)GgmlType::Q5_K)
+      n64 ? launch_ws<WgKQuant<true>, 64>(a, stream) : launch_ws<WgKQuant<true>, 80>(a, stream);
+    else n64 ? launch_ws<WgKQuant<false>, 64>(a, stream) : launch_ws<WgKQuant<false>, 80>(a, stream);
     check_launch("matvec_q8_wgmma_ws");
     return;
   }
