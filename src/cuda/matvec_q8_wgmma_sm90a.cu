@@ -90,6 +90,8 @@ constexpr int kWgPlaneBytes = kWgRows * kQK_K;
 // Tokens a launch of `count` computes (wgmma N): 32, 64, then multiples of 16 to 128
 // (a step's decode costs the same at any N, its products and chains scale with N).
 MUSER_HD constexpr int wg_tokens(int count) { return count <= 32 ? 32 : count <= 64 ? 64 : (count + 15) / 16 * 16; }
+// Tokens of each of the two groups a shared-decode launch of `count` computes: 64 ... 128.
+MUSER_HD constexpr int wg_shared_tokens(int count) { return count <= 128 ? 64 : wg_tokens((count + 1) / 2); }
 
 template <class F, int N>
 struct WgLayout {
@@ -281,6 +283,18 @@ __device__ __forceinline__ void wg_decode(const uint8_t* row, uint8_t* planes, i
       *reinterpret_cast<uint2*>(dst + kWgPlaneBytes + 2 * j * 1024) = make_uint2(w[h][0] * lo, w[h][1] * lo);
     }
   }
+}
+
+// One token group's block of activations (N tokens from layout token `at` of the block:
+// quants, the format's record, dx) into a stage's room for it at dst, counted on bar.
+template <class F, int N>
+__device__ __forceinline__ void copy_token_group(uint8_t* dst, const Q8Call& a, const uint8_t* mins,
+                                                 const uint8_t* dxs, int64_t at, uint64_t* bar) {
+  using Acts = WgActs<N, F::kTokExtraBytes>;
+  bulk_copy(dst, a.wg + at * kQK_K, N * kQK_K, bar);
+  uint8_t* const extra = dst + Acts::kMins;  // the mins halves (Q6_K: none)
+  if constexpr (F::kTokExtraBytes > 0) bulk_copy(extra, mins + at * F::kTokExtraBytes, N * F::kTokExtraBytes, bar);
+  bulk_copy(dst + Acts::kDx, dxs + at * kWgDxBytes, N * kWgDxBytes, bar);
 }
 
 // A (group, block) step of a CTA's walk: its groups blockIdx.x, + gridDim.x, ...
@@ -604,13 +618,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
   };
   auto issue_acts = [&](WgStep w, int s) {
     if (w.n >= my_groups) return;
-    uint8_t* st = smem_wg + L::kPlanes + s * L::kStage + L::kRaw;
-    const int64_t at = (int64_t)w.b * T + a.wg_k0;
-    bulk_copy(st, a.wg + at * kQK_K, N * kQK_K, &full[s]);
-    uint8_t* const extra = st + L::Acts::kMins;  // the mins halves (Q6_K: none)
-    if constexpr (F::kTokExtraBytes > 0)
-      bulk_copy(extra, mins + at * F::kTokExtraBytes, N * F::kTokExtraBytes, &full[s]);
-    bulk_copy(st + L::Acts::kDx, dxs + at * kWgDxBytes, N * kWgDxBytes, &full[s]);
+    copy_token_group<F, N>(smem_wg + L::kPlanes + s * L::kStage + L::kRaw, a, mins, dxs,
+                           (int64_t)w.b * T + a.wg_k0, &full[s]);
   };
 
   if (tid == 0) {
@@ -724,7 +733,6 @@ struct WsLayout {
   using Acts = WgActs<N, F::kTokExtraBytes>;
   static constexpr int kGroupActs = Acts::kBytes;
   static constexpr int kActs = kGroups * kGroupActs;
-  static constexpr int kDx = Acts::kDx;  // within a group's block
   static constexpr int kPartRows = kWgRows / kSplit;  // rows a decoder decodes
   static constexpr int kPartRaw = kPartRows * kBlockBytes;  // their block
   // kMinRaw raw stages a decoder (one where two activation stages of 2 x 128 tokens
@@ -808,15 +816,9 @@ __global__ void __launch_bounds__(WsLayout<F, N, kGroups>::kThreads, 1) matvec_q
     uint8_t* st = smem_ws + 2 * L::kPlaneBuf + slot * L::kActs;
     mbar_expect_tx(&acts_full[slot], L::kActs);
 #pragma unroll
-    for (int h = 0; h < kGroups; ++h) {  // token group h: the launch's tokens hN .. hN + N - 1
-      const int64_t at = (int64_t)b * T + a.wg_k0 + h * N;
-      uint8_t* gs = st + h * L::kGroupActs;
-      bulk_copy(gs, a.wg + at * kQK_K, N * kQK_K, &acts_full[slot]);
-      uint8_t* const extra = gs + L::Acts::kMins;  // the mins halves (Q6_K: none)
-      if constexpr (F::kTokExtraBytes > 0)
-        bulk_copy(extra, mins + at * F::kTokExtraBytes, N * F::kTokExtraBytes, &acts_full[slot]);
-      bulk_copy(gs + L::kDx, dxs + at * kWgDxBytes, N * kWgDxBytes, &acts_full[slot]);
-    }
+    for (int h = 0; h < kGroups; ++h)  // token group h: the launch's tokens hN .. hN + N - 1
+      copy_token_group<F, N>(st + h * L::kGroupActs, a, mins, dxs, (int64_t)b * T + a.wg_k0 + h * N,
+                             &acts_full[slot]);
   };
 
   if (tid == 0) {
@@ -977,11 +979,10 @@ void launch_wgmma_tokens(const Q8Call& a, cudaStream_t stream) {
   }
 }
 
-// A launch of 2N tokens on the shared-decode kernel: N = wg_tokens(ceil(t / 2)), 64 .. 128
+// A launch of 2N tokens on the shared-decode kernel: N = wg_shared_tokens(t)
 template <class F>
 void launch_shared_tokens(const Q8Call& a, cudaStream_t stream) {
-  switch (wg_tokens((a.t + 1) / 2)) {
-    case 32:
+  switch (wg_shared_tokens(a.t)) {
     case 64: launch_ws<F, 64, 2>(a, stream); break;
     case 80: launch_ws<F, 80, 2>(a, stream); break;
     case 96: launch_ws<F, 96, 2>(a, stream); break;
@@ -1046,7 +1047,7 @@ bool q8_wgmma_ready(uint32_t type, int t) {
 
 // t in 8-token groups, and kQ8WgmmaChunk zeros after them: a launch of `count` tokens
 // from token k0 reads wg_tokens(count) <= count + 31 of them, or (shared decode)
-// 2 wg_tokens(ceil(count / 2)), 64 at least, <= count + 127
+// 2 wg_shared_tokens(count) <= count + 127
 int q8_wgmma_layout_tokens(int t) { return (t + 7) / 8 * 8 + kQ8WgmmaChunk; }
 
 size_t q8_wgmma_acts_bytes(int64_t K, int t) {
@@ -1065,7 +1066,7 @@ void matvec_q8_wgmma(const Q8Call& a, cudaStream_t stream) {
   if (!a.wg) throw DeviceError("matvec_q8_wgmma: the activations were not laid out for it");
   if (a.fold.op != EpilogueOp::None) throw DeviceError("matvec_q8_wgmma: no fused node (kQ8FoldMaxTokens)");
   const bool shared = a.t >= q8_shared_min_tokens();
-  const int computed = shared ? 2 * std::max(64, wg_tokens((a.t + 1) / 2)) : wg_tokens(a.t);
+  const int computed = shared ? 2 * wg_shared_tokens(a.t) : wg_tokens(a.t);
   if (a.t > (shared ? kQ8SharedChunk : kQ8WgmmaChunk) || a.wg_k0 + computed > a.wg_tokens)
     throw DeviceError("matvec_q8_wgmma: a launch past its kernel's tokens or the activations' layout");
   if (shared) {
