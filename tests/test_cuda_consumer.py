@@ -1,7 +1,7 @@
 """The consumer's reductions on CUDA (run on a GPU; skipped elsewhere): score, logsumexp
 and log_softmax computed on the device, bit-equal to the CPU on the canonical route and
-in q8 mode, in one chunk and in many (the vocabulary in chunks of kVocabScratchBytes),
-with no [t, V] logits allocated for a large batch."""
+in q8 mode, in one launch and in many (groups of tokens, the vocabulary in slices: what
+kVocabScratchBytes holds), with no [t, V] logits allocated for a large batch."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,10 +21,18 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_skip), reason=_skip or 
 SCRATCH = 128 << 20  # kVocabScratchBytes (device.h)
 
 
-def group_tokens(vocab: int) -> int:
-    """Tokens per group of the CUDA score (cuda_device.cpp, score_group_tokens)."""
+def score_plan(t: int, m: int, vocab: int) -> tuple[int, int]:
+    """(tokens per group, vocabulary ids per slice) of the CUDA score (cuda_device.cpp, score_plan)."""
     fit = SCRATCH // (4 * vocab)
-    return fit // 64 * 64 if fit >= 64 else fit // 8 * 8 if fit >= 8 else max(fit, 1)
+    if t <= fit:
+        return t, vocab
+    g = min(t, 256)  # kScoreSliceTokens
+    per_slice = SCRATCH // (4 * g) // 2048 * 2048  # whole tiles of kLseTile ids
+    if per_slice >= vocab:
+        return g, vocab
+    if per_slice > 0 and g * g * m * 4 <= 16 << 20:  # kScoreChosenBytes
+        return g, per_slice
+    return (fit // 64 * 64 if fit >= 64 else fit // 8 * 8 if fit >= 8 else max(fit, 1)), vocab
 
 
 def hidden_states(H: int, t: int, seed: int = 1) -> np.ndarray:
@@ -49,19 +57,27 @@ CASES = [("canonical", "f32", "Q5_K"), ("canonical", "f32", "Q8_0"), ("canonical
          ("canonical", "q8", "Q5_K"), ("fused", "q8", "Q6_K"), ("fused", "q8", "Q8_0"), ("canonical", "q8", "Q4_K")]
 
 
-@pytest.mark.parametrize("route,acts,weight_type", CASES)
-# one group; groups of 128 and 22 tokens (the first through the q8 wgmma kernel on an sm_90 device)
-@pytest.mark.parametrize("t,vocab", [(3, 5003), (150, 200000)])
-def test_score_on_the_gpu_equals_the_cpu(files, route, acts, weight_type, t, vocab):
-    # the chunked device reduction equals reducing the device's own full logits, bit for bit;
-    # on the canonical route those logits (and so the scores) are the CPU's too
+# one launch; one group in two slices of the vocabulary (165,888 and 34,112 ids); groups of 256
+# and 44 tokens in slices of 131,072 and 68,928 (on an sm_90 device the 256 through the q8
+# kernel's shared decode); and once per activation mode, groups of 128 and 72 over whole rows
+# (too many chosen ids to gather)
+SIZES = [(3, 5003, 6, (3, 5003)), (200, 200000, 6, (200, 165888)), (300, 200000, 6, (256, 131072))]
+WHOLE_ROWS = (200, 200000, 120, (128, 200000))
+SCORE_CASES = [c + s for c in CASES for s in SIZES] + [c + WHOLE_ROWS for c in CASES
+                                                       if c in {("canonical", "f32", "Q5_K"), ("fused", "q8", "Q6_K")}]
+
+
+@pytest.mark.parametrize("route,acts,weight_type,t,vocab,m,plan", SCORE_CASES)
+def test_score_on_the_gpu_equals_the_cpu(files, route, acts, weight_type, t, vocab, m, plan):
+    # the device reduction in groups and slices equals reducing the device's own full logits, bit
+    # for bit; on the canonical route those logits (and so the scores) are the CPU's too
     path = files(weight_type, vocab)
     cpu = muser.Head.load(path, route=route, acts=acts)
     gpu = muser.Head.load(path, device="cuda", route=route, acts=acts)
-    assert (t > group_tokens(vocab)) == (vocab == 200000)
+    assert score_plan(t, m, vocab) == plan
     x = hidden_states(256, t, seed=t)
     rng = np.random.default_rng(5)
-    ids = rng.integers(0, vocab, size=(t, 6))  # 4 ids counted in registers, 2 in passes of their own
+    ids = rng.integers(0, vocab, size=(t, m))  # 4 ids counted in registers, the others in passes of their own
     ids[:, 0] = gpu.argmax(x)
     ids[:, 1] = ids[0, 0]  # the same id in many rows, and repeated
     got = gpu.score(x, ids)
@@ -95,7 +111,7 @@ def test_score_takes_device_hidden_states_and_bounded_memory(files):
     free0 = _core.cuda_memory_info(0)[0]
     dev = gpu.score(xd, ids)  # the first call: every scratch the score needs is allocated now
     free1 = _core.cuda_memory_info(0)[0]
-    logits_bytes = t * 150000 * 4  # 614 MB; the score's groups of 192 rows take 115 MB
+    logits_bytes = t * 150000 * 4  # 614 MB; the score's groups of 256 rows over slices of 131,072 ids take 134 MB
     assert free0 - free1 < 0.4 * logits_bytes, f"score took {free0 - free1} bytes of device memory"
     host = gpu.score(x, ids)
     np.testing.assert_array_equal(bits(dev.logprobs), bits(host.logprobs))

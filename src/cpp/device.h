@@ -195,8 +195,9 @@ class Device {
   virtual std::vector<double> route_seconds(const float* hidden, bool hidden_resident, int t, int reps, bool held);
   // Runs the route on t hidden states and reduces its logits over the
   // vocabulary into `out` (VocabScores), in at most a bounded scratch
-  // (kVocabScratchBytes) where the device works in groups of tokens. The
-  // default runs the whole route into host memory and reduces that.
+  // (kVocabScratchBytes) where the device works in groups of tokens (and
+  // slices of the vocabulary). The default runs the whole route into host
+  // memory and reduces that.
   virtual void score(const float* hidden, bool hidden_resident, int t, VocabScores& out);
   // One call as CallRequest asks (a device with memory of its own). The
   // default runs find_nonfinite, run_resident(_log_softmax) and topk in turn
@@ -228,10 +229,10 @@ class Device {
 };
 
 // The most scratch memory a device's score() takes for logits at once: its
-// tokens run in groups whose [group, V] logits fit this many bytes (at least
-// one row). 128 MiB holds 128 rows of a 262,144-token vocabulary: the largest
-// token launch of the CUDA matvecs (the q8 wgmma kernel's), so groups read the
-// weight no more often than the plain call.
+// tokens run in groups, and CUDA's over the vocabulary in slices, whose logits
+// fit this many bytes (at least one row). 128 MiB holds 256 tokens' logits over
+// slices of 131,072 ids: the largest token launch of the CUDA matvecs (the q8
+// kernels' 256), so a group reads the weight no more often than the plain call.
 constexpr size_t kVocabScratchBytes = size_t{128} << 20;
 
 // Ranks t rows of host logits [t x V]: the k best of each, best first, ties to

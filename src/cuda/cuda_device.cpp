@@ -579,12 +579,16 @@ class CudaDevice final : public Device {
   }
 
   // The route in groups of tokens (Device::score): the norm and the
-  // activations once, then for each group of g tokens the matvec over every
-  // row into a scratch of g x V logits (at most kVocabScratchBytes, or one
-  // row), the element-wise nodes (or the one node, folded into the reduction)
-  // and one vocab_reduce launch (the tiles' pairs, the rank counts and each
-  // row's finish). g is a multiple of 64 tokens when the scratch holds 64 rows,
-  // so the weight is read as often as the plain call reads it. The kernels run
+  // activations once, then for each group of g tokens (score_plan) the matvec
+  // into a scratch of at most kVocabScratchBytes of logits (or one row) --
+  // over every row, or over the vocabulary in slices of whole tiles when the
+  // group's logits do not fit -- the element-wise nodes (or the one node,
+  // folded into the reduction) and one vocab_reduce launch per slice (the
+  // tiles' pairs, the rank counts and each row's finish after the last).
+  // Slices count ranks against the chosen ids' logits computed first, by the
+  // same matvec over the chosen rows gathered (score_chosen_). So a group
+  // takes the plain call's largest launch and the weight is read as often as
+  // the plain call reads it. The kernels run
   // as one CUDA graph per shape, the NaN scan of a device hidden state beside
   // the route; the kernels read the ids from mapped pinned memory (a long grid:
   // from one upload before the launch, kShortGridCtas) and write the results
@@ -597,7 +601,7 @@ class CudaDevice final : public Device {
     const float* x = own_hidden(hidden, hidden_on_device, xbytes, stream_);
     normed_.ensure(xbytes, ordinal_, "normed hidden states");
     if (q8_) acts_q8_.ensure(acts_q8_scratch_bytes(out_.type, H, t), ordinal_, "int8 activations");
-    const int group = std::min<int64_t>(t, score_group_tokens(V));
+    const ScorePlan plan = score_plan(t, m, V);
     // mapped in: ids [t*m] (int64); mapped out: the first non-finite hidden | vocab_scores_layout's arrays
     // (these in device memory instead when they stay there)
     const size_t in_bytes = (size_t)n_ids * 8;
@@ -606,7 +610,7 @@ class CudaDevice final : public Device {
     score_in_.ensure(std::max<size_t>(in_bytes, 8));
     std::memcpy(score_in_.host, out.ids, in_bytes);
     // a short reduction grid reads the ids across the bus; a long one from device memory (kShortGridCtas)
-    const bool ids_mapped = (V + kLseTile - 1) / kLseTile * group <= kShortGridCtas;
+    const bool ids_mapped = vocab_reduce_ctas(plan.slice, plan.tokens) <= kShortGridCtas;
     const auto* ids = reinterpret_cast<const int64_t*>(
         ids_mapped ? score_in_.dev : static_cast<uint8_t*>(score_ids_.ensure(score_in_.bytes, ordinal_, "token ids")));
     if (!ids_mapped && in_bytes)
@@ -615,17 +619,24 @@ class CudaDevice final : public Device {
     score_results_.ensure(8 + at.bytes);
     uint8_t* out_dev = out.keep_on_device ? static_cast<uint8_t*>(score_out_.ensure(at.bytes, ordinal_, "scores"))
                                           : score_results_.dev + 8;
-    score_chunk_.ensure((size_t)group * V * 4, ordinal_, "a group's logits");
-    score_reduce_.ensure(group, (int)m, V, ordinal_, stream_);
+    score_chunk_.ensure((size_t)plan.tokens * plan.slice * 4, ordinal_, "a group's logits");
+    score_reduce_.ensure(plan.tokens, (int)m, V, ordinal_, stream_);
+    const void *gathered = nullptr, *chosen = nullptr;
+    if (plan.slice < V) {
+      const int64_t n = (int64_t)plan.tokens * m;
+      gathered = score_gathered_.ensure_zeroed(device_weight_bytes(out_.type, n, out_.row_bytes), ordinal_,
+                                               "the chosen ids' rows", stream_);
+      chosen = score_chosen_.ensure((size_t)plan.tokens * n * 4, ordinal_, "the chosen ids' logits");
+    }
 
-    const ScoreKey key{t, (int)m, group, check_x, x, ids, out_dev, score_results_.dev,
+    const ScoreKey key{t, (int)m, plan.tokens, plan.slice, check_x, x, ids, out_dev, score_results_.dev,
                        score_chunk_.mem->ptr, score_reduce_.pairs.mem->ptr, score_reduce_.acc.mem->ptr,
-                       q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr};
+                       q8_ ? acts_q8_.mem->ptr : nullptr, normed_.mem->ptr, gathered, chosen};
     const cudaGraphExec_t exec = score_graphs_.get(key, [&] {
       return instantiate(capture_stream([&] {
                            auto* bad = reinterpret_cast<unsigned long long*>(score_results_.dev);
                            if (check_x) fork_scan(x, (int64_t)t * H, bad);
-                           enqueue_score(x, t, m, group, ids, out_dev);
+                           enqueue_score(x, t, m, plan, ids, out_dev);
                            if (check_x) join_scan();
                          }),
                          "cudaGraphInstantiate (score)");
@@ -652,18 +663,43 @@ class CudaDevice final : public Device {
     return mem;
   }
 
-  // Tokens per group of score(): as many whole 64-token tiles (the matvecs'
-  // largest token tile) as kVocabScratchBytes holds, else multiples of 8, else
-  // what fits, at least one row.
-  static int64_t score_group_tokens(int64_t V) {
+  // How score() splits t rows of m chosen ids: groups of `tokens` rows, each
+  // over the vocabulary in slices of `slice` ids (slice = V: one launch).
+  struct ScorePlan {
+    int tokens = 0;
+    int64_t slice = 0;
+  };
+  // All t rows in one launch when their logits fit kVocabScratchBytes; else
+  // groups of the matvecs' largest token launch (kScoreSliceTokens, that of
+  // the q8 kernels) over slices of whole tiles that fit, when the chosen ids'
+  // gathered logits stay small (kScoreChosenBytes); else whole rows in groups
+  // of as many 64-token tiles as fit, else multiples of 8, at least one row.
+  static constexpr int kScoreSliceTokens = 256;
+  static constexpr size_t kScoreChosenBytes = size_t{16} << 20;
+  static ScorePlan score_plan(int t, int64_t m, int64_t V) {
     const int64_t fit = (int64_t)(kVocabScratchBytes / (sizeof(float) * (size_t)V));
-    if (fit >= 64) return fit / 64 * 64;
-    if (fit >= 8) return fit / 8 * 8;
-    return std::max<int64_t>(fit, 1);
+    if (t <= fit) return ScorePlan{t, V};
+    const int64_t g = std::min<int64_t>(t, kScoreSliceTokens);
+    const int64_t slice = (int64_t)(kVocabScratchBytes / (sizeof(float) * (size_t)g)) / kLseTile * kLseTile;
+    if (slice >= V) return ScorePlan{(int)g, V};
+    if (slice > 0 && (size_t)g * g * m * sizeof(float) <= kScoreChosenBytes) return ScorePlan{(int)g, slice};
+    const int64_t rows = fit >= 64 ? fit / 64 * 64 : fit >= 8 ? fit / 8 * 8 : std::max<int64_t>(fit, 1);
+    return ScorePlan{(int)rows, V};
+  }
+
+  // The element-wise node a consumer kernel applies to each raw logit it loads,
+  // for a matvec launch that applied `applied`: folded_epilogue's node, or a q8
+  // step's fused node that the launch left to a kernel (kQ8FoldMaxTokens), when
+  // it is the route's last node -- the same function on the same operand.
+  EpilogueFold load_fold(const Step& mstep, const EpilogueFold& applied) const {
+    const EpilogueFold fold = folded_epilogue();
+    if (fold.op != EpilogueOp::None || applied.op != EpilogueOp::None) return fold;
+    if (mstep.count == 2 && mstep.first + 2 == nodes_.size()) return epilogue_fold(nodes_.back());
+    return EpilogueFold{};
   }
 
   // score()'s kernels on the stream (captured into its graph): ids [t x m], results at out (vocab_scores_layout).
-  void enqueue_score(const float* x, int t, int64_t m, int group, const int64_t* ids, uint8_t* out) {
+  void enqueue_score(const float* x, int t, int64_t m, const ScorePlan& plan, const int64_t* ids, uint8_t* out) {
     const int64_t H = spec_.hidden, V = spec_.vocab;
     float* normed = static_cast<float*>(normed_.mem->ptr);
     const size_t mv = matvec_node();
@@ -680,23 +716,44 @@ class CudaDevice final : public Device {
     auto* logprobs = reinterpret_cast<float*>(out + at.logprobs);
     auto* ranks = reinterpret_cast<int64_t*>(out + at.ranks);
     auto* y = static_cast<float*>(score_chunk_.mem->ptr);
-    const EpilogueFold fold = folded_epilogue();
-    for (int k0 = 0; k0 < t; k0 += group) {
-      const int g = std::min(group, t - k0);
+    for (int k0 = 0; k0 < t; k0 += plan.tokens) {
+      const int g = std::min(plan.tokens, t - k0);
       Q8Call qg = is_q8(kind) ? q8_tokens(q, k0, g) : q;
       qg.fold = q8_fold(mstep, g);
-      enqueue_matvec_rows(kind, w, V, normed + (int64_t)k0 * H, qg, g, y, V);
-      if (fold.op == EpilogueOp::None)  // the element-wise nodes the matvec did not apply
-        for (size_t i = mstep.first + (qg.fold.op == EpilogueOp::None ? 1 : 2); i < nodes_.size(); ++i)
-          enqueue_epilogue(nodes_[i], y, (int64_t)g * V);
-      VocabReduceArgs r = score_reduce_.args(y, V, g, (int)m);
-      r.fold = fold;
-      r.ids = ids + (int64_t)k0 * m;
-      r.lse = lse + k0;
-      r.values = values + (int64_t)k0 * m;
-      r.logprobs = logprobs + (int64_t)k0 * m;
-      r.ranks = ranks + (int64_t)k0 * m;
-      vocab_reduce(r, stream_);
+      const EpilogueFold fold = load_fold(mstep, qg.fold);
+      const float* xg = normed + (int64_t)k0 * H;
+      auto logits = [&](const uint8_t* rows_w, int64_t rows, float* into) {  // [g x rows], the nodes not folded
+        enqueue_matvec_rows(kind, rows_w, rows, xg, qg, g, into, rows);
+        if (fold.op == EpilogueOp::None)
+          for (size_t i = mstep.first + (qg.fold.op == EpilogueOp::None ? 1 : 2); i < nodes_.size(); ++i)
+            enqueue_epilogue(nodes_[i], into, (int64_t)g * rows);
+      };
+      const float* chosen = nullptr;
+      const int64_t n_chosen = (int64_t)g * m;
+      if (plan.slice < V && n_chosen > 0) {  // row j of the gathered weight is ids[k0 * m + j]
+        auto* gathered = static_cast<uint8_t*>(score_gathered_.mem->ptr);
+        gather_weight_rows(w, out_.type, out_.row_bytes, ids + (int64_t)k0 * m, (int)n_chosen, gathered, stream_);
+        auto* c = static_cast<float*>(score_chosen_.mem->ptr);
+        logits(gathered, n_chosen, c);
+        chosen = c;
+      }
+      for (int64_t r0 = 0; r0 < V; r0 += plan.slice) {
+        const int64_t n = std::min(plan.slice, V - r0);
+        // a slice starts on a whole tile of rows (kLseTile, a multiple of kTileRows): row r0's bytes start it
+        logits(w + r0 * out_.row_bytes, n, y);
+        VocabReduceArgs r = score_reduce_.args(y, V, g, (int)m);
+        r.ld = r.n = n;
+        r.first = r0;
+        r.chosen = chosen;
+        r.chosen_ld = n_chosen + m;  // token k's chosen ids are gathered rows k * m ...: [k][k * m + q]
+        r.fold = fold;
+        r.ids = ids + (int64_t)k0 * m;
+        r.lse = lse + k0;
+        r.values = values + (int64_t)k0 * m;
+        r.logprobs = logprobs + (int64_t)k0 * m;
+        r.ranks = ranks + (int64_t)k0 * m;
+        vocab_reduce(r, stream_);
+      }
     }
   }
 
@@ -1043,12 +1100,14 @@ class CudaDevice final : public Device {
   // What score()'s captured graph bakes in.
   struct ScoreKey {
     int t = 0, m = 0, group = 0;
+    int64_t slice = 0;
     bool check = false;
-    const void *x, *in, *out, *results, *chunk, *pairs, *acc, *acts_q8, *normed;
+    const void *x, *in, *out, *results, *chunk, *pairs, *acc, *acts_q8, *normed, *gathered, *chosen;
     bool operator==(const ScoreKey& o) const {
-      return t == o.t && m == o.m && group == o.group && check == o.check && x == o.x && in == o.in && out == o.out &&
-             results == o.results && chunk == o.chunk && pairs == o.pairs && acc == o.acc && acts_q8 == o.acts_q8 &&
-             normed == o.normed;
+      return t == o.t && m == o.m && group == o.group && slice == o.slice && check == o.check && x == o.x &&
+             in == o.in && out == o.out && results == o.results && chunk == o.chunk && pairs == o.pairs &&
+             acc == o.acc && acts_q8 == o.acts_q8 && normed == o.normed && gathered == o.gathered &&
+             chosen == o.chosen;
     }
   };
   // What sample()'s captured graph bakes in.
@@ -1085,6 +1144,7 @@ class CudaDevice final : public Device {
       a.y = y;
       a.ld = V;
       a.n = V;
+      a.vocab = V;
       a.t = rows;
       a.m = ids;
       a.pairs = static_cast<LsePair*>(pairs.mem->ptr);
@@ -1551,6 +1611,7 @@ class CudaDevice final : public Device {
   Scratch hidden_, normed_, topk_scratch_, topk_out_, flag_, acts_q8_;
   bool prologue_q8_ = false;  // the norm + γ step quantizes the activations (cuda_fusable_q8)
   Scratch score_ids_, score_out_, score_chunk_;  // score(): ids (long grids), results kept there, a group's logits
+  Scratch score_gathered_, score_chosen_;  // score() in slices: the chosen ids' rows (zeroed once), their logits
   ReduceScratch score_reduce_;
   MappedHost score_in_, score_results_;  // score(): the ids; the first bad index and the results
   GraphCache<ScoreKey> score_graphs_;

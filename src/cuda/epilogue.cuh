@@ -26,7 +26,7 @@ __device__ __forceinline__ float epilogue_op(float l, float f0, float f1, float 
 // compile-time constant (std::integral_constant<EpilogueOp, op>), so a caller that
 // applies it to many values branches once.
 template <class F>
-__device__ __forceinline__ void epilogue_dispatch(EpilogueOp op, F&& f) {
+__host__ __device__ __forceinline__ void epilogue_dispatch(EpilogueOp op, F&& f) {
   using Op = EpilogueOp;
   switch (op) {
     case Op::Scale: f(std::integral_constant<Op, Op::Scale>{}); break;

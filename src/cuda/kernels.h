@@ -72,6 +72,11 @@ size_t device_weight_bytes(uint32_t type, int64_t rows, int64_t row_bytes);
 // bounded device staging buffer; synchronous. Once at load.
 void upload_weight(uint8_t* dst, const uint8_t* host, uint32_t type, int64_t rows, int64_t row_bytes, int ordinal,
                    cudaStream_t stream);
+// Rows ids[0..n) of a weight w in the device layout copied to rows 0..n of dst
+// (device_weight_bytes(type, n, row_bytes), zeroed once: its padding stays zero),
+// the same layout: a matvec over dst gives those rows' logits. ids may be mapped host memory.
+void gather_weight_rows(const uint8_t* w, uint32_t type, int64_t row_bytes, const int64_t* ids, int n, uint8_t* dst,
+                        cudaStream_t stream);
 // The canonical lane order (docs/numerics.md), bit-equal to the CPU's matvec_canon.
 void matvec_canon(const MatvecArgs& a, cudaStream_t stream);
 // The scalar oracle: one f32 accumulator per row in index order (slow by design).
@@ -179,16 +184,22 @@ constexpr int kTopkChunkShift = 10;
 // ---- vocab_reduce.cu: the consumer's reductions over the vocabulary (muser/logsumexp.h) ----
 // Bytes of one (max, sum) pair of a tile.
 size_t lse_pair_bytes();
-// One launch over t rows of n logits y[k * ld + i]: lse[k] = the row's
-// canonical logsumexp; for its m chosen ids ids[k * m + q]: values = their
-// logits, logprobs = value - lse, ranks = 1 + the ids ranked ahead
-// (ranks_ahead). Scratch: pairs
-// [t x tiles]; ahead_acc [t x m] and done [t] must be zero before the first
-// launch, and the kernel leaves them zero.
+// Over t rows of a vocabulary of `vocab` logits, one launch per slice of it:
+// this launch's n logits y[k * ld + i] are ids first + i (first: a multiple of
+// kLseTile). When the last slice's launch ends: lse[k] = the row's canonical
+// logsumexp; for its m chosen ids ids[k * m + q]: values = their logits,
+// logprobs = value - lse, ranks = 1 + the ids ranked ahead (ranks_ahead).
+// chosen: null when the row's one slice is all of it; else the chosen ids' raw
+// logits (before `fold`), chosen[k * chosen_ld + q]. Scratch: pairs [t x the
+// vocabulary's tiles]; ahead_acc [t x m] and done [t] must be zero before the
+// first launch, and the last slice's launch leaves them zero.
 struct VocabReduceArgs {
   const float* y = nullptr;
   int64_t ld = 0, n = 0;
+  int64_t first = 0, vocab = 0;
   int t = 0, m = 0;
+  const float* chosen = nullptr;
+  int64_t chosen_ld = 0;
   const int64_t* ids = nullptr;
   LsePair* pairs = nullptr;
   unsigned long long* ahead_acc = nullptr;
@@ -202,6 +213,8 @@ struct VocabReduceArgs {
 // ids may be mapped host memory (read before the kernel waits for the route: no
 // node writes them); the results may be too (written once, by each row's finish).
 void vocab_reduce(const VocabReduceArgs& a, cudaStream_t stream);
+// CTAs of vocab_reduce's grid for a slice of n ids of t rows (kShortGridCtas: mapped ids or not).
+int64_t vocab_reduce_ctas(int64_t n, int t);
 // ---- sample.cu: one draw per row on the device (muser/sample.h's sample_row) ----
 // A row's state across the sampling kernels; zero at rest (zeroed once when
 // allocated, and again by the row's last kernel), so a graph needs no memset node.

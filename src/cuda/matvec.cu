@@ -131,6 +131,23 @@ void tile_blocks(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t row_byt
 
 constexpr int64_t kUploadStagingBytes = 64ll << 20;  // device staging for the GGUF rows of whole tiles
 
+// A CTA per gathered row j: row ids[j] of w copied to row j of dst, both in the
+// device layout (block_bytes: the type's block when tiled, 0 for GGUF rows), in
+// 2-byte pieces (every block size and float row is even, every block 2-byte aligned).
+__global__ void gather_rows_kernel(const uint8_t* w, uint8_t* dst, const int64_t* ids, int64_t row_bytes,
+                                   int block_bytes) {
+  const int64_t j = blockIdx.x, r = ids[j];
+  for (int64_t byte = 2 * (int64_t)threadIdx.x; byte < row_bytes; byte += 2 * (int64_t)blockDim.x) {
+    int64_t from = r * row_bytes + byte, to = j * row_bytes + byte;
+    if (block_bytes) {
+      const int64_t b = byte / block_bytes, in_block = byte - b * block_bytes, at = b * kTileRows * block_bytes + in_block;
+      from = tiled_row_offset(r, row_bytes, block_bytes) + at;
+      to = tiled_row_offset(j, row_bytes, block_bytes) + at;
+    }
+    *reinterpret_cast<uint16_t*>(dst + to) = *reinterpret_cast<const uint16_t*>(w + from);
+  }
+}
+
 }  // namespace
 
 // ---- launch helpers shared by the per-type files ----
@@ -320,6 +337,14 @@ void matvec_reference(const MatvecArgs& a, cudaStream_t stream) {
 size_t device_weight_bytes(uint32_t type, int64_t rows, int64_t row_bytes) {
   const int64_t stored = is_tiled_type(type) ? (rows + kTileRows - 1) / kTileRows * kTileRows : rows;
   return (size_t)stored * (size_t)row_bytes + kWeightPadBytes;
+}
+
+void gather_weight_rows(const uint8_t* w, uint32_t type, int64_t row_bytes, const int64_t* ids, int n, uint8_t* dst,
+                        cudaStream_t stream) {
+  if (n <= 0) return;
+  const int block = is_tiled_type(type) ? block_bytes(type) : 0;
+  gather_rows_kernel<<<(unsigned)n, 128, 0, stream>>>(w, dst, ids, row_bytes, block);
+  check_launch("gather_rows");
 }
 
 void upload_weight(uint8_t* dst, const uint8_t* host, uint32_t type, int64_t rows, int64_t row_bytes, int ordinal,

@@ -99,23 +99,23 @@ __device__ __forceinline__ LsePair tile_pair(const float (&v)[kStepsPerThread], 
   return p;
 }
 
-// After this CTA's results for row k are written: true in every thread of the
-// CTA that finished the row's last tile (then its reads of the other CTAs'
-// writes see them). Every thread must call it.
+// After this CTA's results for `mine` of row k's tiles are written: true in
+// every thread of the CTA that finished the row's last tile (then its reads of
+// the other CTAs' writes see them). Every thread must call it.
 // flag: a shared word of the CTA's.
-__device__ __forceinline__ bool finished_row(unsigned* done, unsigned tiles, unsigned& flag) {
+__device__ __forceinline__ bool finished_row(unsigned* done, unsigned tiles, unsigned& flag, unsigned mine = 1) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();  // this CTA's writes before its count
-    flag = atomicAdd(done, 1u) == tiles - 1;
+    flag = atomicAdd(done, mine) + mine == tiles;
   }
   __syncthreads();
   const bool last = flag != 0;
   if (last) __threadfence();
   return last;
 }
-__device__ __forceinline__ bool finished_row(unsigned* done, unsigned tiles, TileSmem& sm) {
-  return finished_row(done, tiles, sm.flag);
+__device__ __forceinline__ bool finished_row(unsigned* done, unsigned tiles, TileSmem& sm, unsigned mine = 1) {
+  return finished_row(done, tiles, sm.flag, mine);
 }
 
 // The row's tile pairs joined by lse_tree's levels (pairs 2i, 2i + 1; an odd

@@ -1,9 +1,11 @@
 // The consumer layer's reductions over the vocabulary on the device
 // (docs/numerics.md, "The vocabulary reduction"), in one kernel: the canonical
-// logsumexp of muser/logsumexp.h (tile_reduce.cuh: a CTA per row and tile,
-// the finishing CTA joins the row) and the rank counts of chosen ids
-// (ranks_ahead, summed exactly in integers), so a batch costs one launch.
+// logsumexp of muser/logsumexp.h (a warp per row and tile, the finishing CTA
+// joins the row: tile_reduce.cuh) and the rank counts of chosen ids
+// (ranks_ahead, summed exactly in integers), so a batch costs one launch per
+// slice of the vocabulary.
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda_check.h"
 #include "epilogue.cuh"
@@ -17,74 +19,124 @@ namespace muser::cuda {
 namespace {
 
 constexpr int kMaxFusedIds = 4;  // chosen ids per row counted while the logits are in registers
+constexpr int kSteps = kLseTile / kCanonLanes;  // a lane's ids in a tile (64)
+constexpr int kChunkSteps = 8;                 // of them in registers at once
+constexpr int kReduceWarps = 4;                 // tiles per CTA: a warp each
 
-// grid (tiles, t), kTileThreads per (row, tile): the tile's pair (tile_pair),
-// the counts of its ids ranked ahead of the row's chosen ids, and in the CTA
-// that finishes the row's last tile, the row's join, logsumexp, chosen logits
-// and ranks -- leaving the accumulators at zero for the next launch.
-__global__ void __launch_bounds__(kTileThreads, 4) vocab_reduce_kernel(VocabReduceArgs a) {
+// grid (the slice's tiles / kReduceWarps, t), a warp per (row, tile): the
+// tile's pair, stored at the tile's index in the vocabulary, and the counts of
+// its ids ranked ahead of the row's chosen ids; the CTA that finishes the row's
+// last tile (of any slice) joins the row and writes its logsumexp, chosen
+// logits and ranks -- leaving the accumulators at zero for the next launch.
+//
+// A lane's pair is lse_push's sequence over its 64 ids (l, l + 32, ...) in
+// order: per chunk of steps, the running max each step meets first (compares
+// only), then every step's exponent at once, then the sums in order -- the
+// same operations on the same operands as lse_push, so lse_tile's bits; the
+// lanes then join by canon_tree32's butterfly (warp_lse_join). The folded node
+// kOp is applied to each raw logit as it is loaded.
+template <EpilogueOp kOp>
+__global__ void __launch_bounds__(kReduceWarps * 32, 8) vocab_reduce_kernel(VocabReduceArgs a) {
   pdl_launch_dependents();
-  __shared__ TileSmem sm;
+  __shared__ TileSmem sm;  // the finishing CTA's join
   __shared__ unsigned rank_sum[kMaxFusedIds];
+  __shared__ int64_t first_ids[kCanonLanes];
   const int lane = threadIdx.x % kCanonLanes, warp = threadIdx.x / kCanonLanes;
-  const int64_t k = blockIdx.y, tile = blockIdx.x, i0 = tile * kLseTile;
-  const int tiles = (int)gridDim.x;
-  const int count = (int)(a.n - i0 < kLseTile ? a.n - i0 : kLseTile);
-  const float* row = a.y + k * a.ld;
+  const int64_t k = blockIdx.y;
+  const int64_t slice_tiles = (a.n + kLseTile - 1) / kLseTile;
+  const int64_t local_tile = (int64_t)blockIdx.x * kReduceWarps + warp;
+  const int cta_tiles = (int)min((int64_t)kReduceWarps, slice_tiles - (int64_t)blockIdx.x * kReduceWarps);
+  const int64_t local0 = local_tile * kLseTile, i0 = a.first + local0;
+  const int tiles = (int)((a.vocab + kLseTile - 1) / kLseTile);
+  const int count = local_tile < slice_tiles ? (int)min((int64_t)kLseTile, a.n - local0) : 0;
+  const float* row = a.y + k * a.ld;  // the slice's logits: id first + i at row[i]
   const int fused_ids = a.m < kMaxFusedIds ? a.m : kMaxFusedIds;
+  auto fold = [&](float raw) { return epilogue_op<kOp>(raw, a.fold.f0, a.fold.f1, a.fold.f2); };
+  auto load = [&](const float* p) { return fold(__ldg(p)); };
+  // a chosen id's logit: in this row when it is the whole vocabulary, else gathered
+  auto chosen = [&](int q, int64_t id) {
+    return epilogue_op<kOp>(a.chosen ? __ldg(a.chosen + k * a.chosen_ld + q) : __ldg(row + id), a.fold.f0, a.fold.f1,
+                            a.fold.f2);
+  };
   if (threadIdx.x < kMaxFusedIds) rank_sum[threadIdx.x] = 0;
   // the row's first ids, which no node writes, are read while the route finishes,
   // once per CTA (they may be mapped host memory: one read across the bus, not one per warp)
-  __shared__ int64_t first_ids[kCanonLanes];
   if (threadIdx.x < a.m && threadIdx.x < kCanonLanes) first_ids[threadIdx.x] = a.ids[k * a.m + threadIdx.x];
   pdl_wait();  // every read below may be of an earlier node's writes (pdl.cuh)
   __syncthreads();
   int64_t tok[kMaxFusedIds] = {};
+  float target[kMaxFusedIds] = {};
 #pragma unroll
   for (int q = 0; q < kMaxFusedIds; ++q)
-    if (q < fused_ids) tok[q] = first_ids[q];
-  float v[kStepsPerThread];
-#pragma unroll
-  for (int j = 0; j < kStepsPerThread; ++j) {
-    const int i = tile_step_index(j);
-    v[j] = i < count ? epilogue_apply(a.fold, __ldg(row + i0 + i)) : lse_neg_inf();  // -inf: pushes nothing
-  }
-  // rank counts: the fused ids among the logits in registers, the others in passes of their own
+    if (q < fused_ids) tok[q] = first_ids[q], target[q] = chosen(q, tok[q]);
   unsigned ahead[kMaxFusedIds] = {};
+  float m = lse_neg_inf(), sum = 0.0f;  // the lane's (max, sum)
+  const float* lane_row = row + local0 + lane;
+  // kFull: the tile has all kLseTile ids (no bounds per step)
+  auto walk = [&](auto full) {
+    constexpr bool kFull = decltype(full)::value;
+    auto fetch = [&](int c, float(&into)[kChunkSteps]) {  // raw logits of steps c ... (0 past the end)
 #pragma unroll
-  for (int q = 0; q < kMaxFusedIds; ++q) {
-    if (q >= fused_ids) break;
-    const float target = epilogue_apply(a.fold, __ldg(row + tok[q]));
-    const int64_t tok_q = tok[q];
+      for (int j = 0; j < kChunkSteps; ++j)
+        into[j] = kFull || lane + (c + j) * kCanonLanes < count ? __ldg(lane_row + (c + j) * kCanonLanes) : 0.0f;
+    };
+    float next[kChunkSteps];
+    fetch(0, next);
+    for (int c = 0; c < kSteps; c += kChunkSteps) {
+      float v[kChunkSteps];
 #pragma unroll
-    for (int j = 0; j < kStepsPerThread; ++j) {
-      const int i = tile_step_index(j);
-      ahead[q] += i < count && ranks_ahead(v[j], i0 + i, target, tok_q);
+      for (int j = 0; j < kChunkSteps; ++j)  // -inf past the end: pushes nothing
+        v[j] = kFull || lane + (c + j) * kCanonLanes < count ? fold(next[j]) : lse_neg_inf();
+      if (c + kChunkSteps < kSteps) fetch(c + kChunkSteps, next);  // in flight while this chunk is reduced
+#pragma unroll
+      for (int q = 0; q < kMaxFusedIds; ++q) {
+        if (q >= fused_ids) break;
+#pragma unroll
+        for (int j = 0; j < kChunkSteps; ++j) {
+          const int i = lane + (c + j) * kCanonLanes;
+          ahead[q] += (kFull || i < count) && ranks_ahead(v[j], i0 + i, target[q], tok[q]);
+        }
+      }
+      unsigned rises = 0, skips = 0;
+#pragma unroll
+      for (int j = 0; j < kChunkSteps; ++j) {  // the max each step meets, and its exponent
+        const bool up = v[j] > m;
+        rises |= (unsigned)up << j;
+        skips |= (unsigned)(v[j] == lse_neg_inf()) << j;
+        const float before = m;
+        if (up) m = v[j];
+        v[j] = canon_exp_nonpos(up ? before - v[j] : v[j] - before);
+      }
+#pragma unroll
+      for (int j = 0; j < kChunkSteps; ++j)
+        if (!((skips >> j) & 1)) sum = ((rises >> j) & 1) ? fmaf(sum, v[j], 1.0f) : sum + v[j];
     }
-  }
-  const LsePair p = tile_pair(v, sm);  // its __syncthreads also publish rank_sum's zeros
+  };
+  if (count == kLseTile) walk(std::true_type{});
+  else walk(std::false_type{});
+  const LsePair p = warp_lse_join(LsePair{m, sum});
+  // rank counts: the fused ids from registers, the others in passes of their own
 #pragma unroll
   for (int q = 0; q < kMaxFusedIds; ++q) {
     if (q >= fused_ids) break;
-    unsigned c = ahead[q];
-    for (int off = 16; off >= 1; off >>= 1) c += __shfl_xor_sync(0xffffffffu, c, off);
-    if (lane == 0 && c) atomicAdd(&rank_sum[q], c);
+    unsigned n = ahead[q];
+    for (int off = 16; off >= 1; off >>= 1) n += __shfl_xor_sync(0xffffffffu, n, off);
+    if (lane == 0 && n) atomicAdd(&rank_sum[q], n);
   }
   for (int q = fused_ids; q < a.m; ++q) {
     const int64_t id = a.ids[k * a.m + q];
-    const float target = epilogue_apply(a.fold, __ldg(row + id));
-    unsigned c = 0;
-    for (int i = threadIdx.x; i < count; i += kTileThreads)
-      c += ranks_ahead(epilogue_apply(a.fold, __ldg(row + i0 + i)), i0 + i, target, id);
-    for (int off = 16; off >= 1; off >>= 1) c += __shfl_xor_sync(0xffffffffu, c, off);
-    if (lane == 0 && c) atomicAdd(a.ahead_acc + k * a.m + q, (unsigned long long)c);
+    const float t_q = chosen(q, id);
+    unsigned n = 0;
+    for (int i = lane; i < count; i += kCanonLanes) n += ranks_ahead(load(row + local0 + i), i0 + i, t_q, id);
+    for (int off = 16; off >= 1; off >>= 1) n += __shfl_xor_sync(0xffffffffu, n, off);
+    if (lane == 0 && n) atomicAdd(a.ahead_acc + k * a.m + q, (unsigned long long)n);
   }
-  __syncthreads();
   LsePair* pairs = a.pairs + k * tiles;
-  if (threadIdx.x == 0) pairs[tile] = p;
+  if (lane == 0 && count > 0) pairs[i0 / kLseTile] = p;
+  __syncthreads();
   if (threadIdx.x < fused_ids && rank_sum[threadIdx.x])
     atomicAdd(a.ahead_acc + k * a.m + threadIdx.x, (unsigned long long)rank_sum[threadIdx.x]);
-  if (!finished_row(a.done + k, (unsigned)tiles, sm) || warp != 0) return;
+  if (!finished_row(a.done + k, (unsigned)tiles, sm, (unsigned)cta_tiles) || warp != 0) return;
   const LsePair root = join_row(pairs, tiles, sm);
   if (lane == 0) {
     a.lse[k] = lse_value(root);
@@ -93,7 +145,7 @@ __global__ void __launch_bounds__(kTileThreads, 4) vocab_reduce_kernel(VocabRedu
   const float lse = lse_value(root);
   for (int q = lane; q < a.m; q += kCanonLanes) {
     const int64_t at = k * a.m + q;
-    const float v = epilogue_apply(a.fold, row[q < kCanonLanes ? first_ids[q] : a.ids[at]]);
+    const float v = chosen(q, q < kCanonLanes ? first_ids[q] : a.ids[at]);
     a.values[at] = v;
     a.logprobs[at] = v - lse;  // log_softmax's one subtraction
     a.ranks[at] = 1 + (int64_t)atomicExch(a.ahead_acc + at, 0ull);
@@ -111,11 +163,17 @@ __global__ void subtract_rows_kernel(float* y, int64_t V, int t, const float* ls
 
 size_t lse_pair_bytes() { return sizeof(LsePair); }
 
+int64_t vocab_reduce_ctas(int64_t n, int t) {
+  return (n + (int64_t)kLseTile * kReduceWarps - 1) / ((int64_t)kLseTile * kReduceWarps) * t;
+}
+
 void vocab_reduce(const VocabReduceArgs& a, cudaStream_t stream) {
-  const int64_t tiles = (a.n + kLseTile - 1) / kLseTile;
-  if (tiles == 0 || a.t == 0) return;
-  launch_consumer(vocab_reduce_kernel, dim3((unsigned)tiles, (unsigned)a.t), dim3(kTileThreads), 0, stream, "vocab_reduce",
-             a);
+  const int64_t ctas = vocab_reduce_ctas(a.n, 1);  // per row of this slice
+  if (ctas == 0 || a.t == 0) return;
+  epilogue_dispatch(a.fold.op, [&](auto op) {
+    launch_consumer(vocab_reduce_kernel<decltype(op)::value>, dim3((unsigned)ctas, (unsigned)a.t),
+                    dim3(kReduceWarps * 32), 0, stream, "vocab_reduce", a);
+  });
 }
 
 void subtract_rows(float* y, int64_t V, int t, const float* lse, cudaStream_t stream) {
