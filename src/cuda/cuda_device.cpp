@@ -622,11 +622,12 @@ class CudaDevice final : public Device {
     score_chunk_.ensure((size_t)plan.tokens * plan.slice * 4, ordinal_, "a group's logits");
     score_reduce_.ensure(plan.tokens, (int)m, V, ordinal_, stream_);
     const void *gathered = nullptr, *chosen = nullptr;
-    if (plan.slice < V) {
+    if (plan.slice < V) {  // q8: the chosen pairs' logits; else the chosen rows gathered and their matvec's
       const int64_t n = (int64_t)plan.tokens * m;
-      gathered = score_gathered_.ensure_zeroed(device_weight_bytes(out_.type, n, out_.row_bytes), ordinal_,
-                                               "the chosen ids' rows", stream_);
-      chosen = score_chosen_.ensure((size_t)plan.tokens * n * 4, ordinal_, "the chosen ids' logits");
+      if (!q8_)
+        gathered = score_gathered_.ensure_zeroed(device_weight_bytes(out_.type, n, out_.row_bytes), ordinal_,
+                                                 "the chosen ids' rows", stream_);
+      chosen = score_chosen_.ensure((size_t)(q8_ ? 1 : plan.tokens) * n * 4 + 4, ordinal_, "the chosen ids' logits");
     }
 
     const ScoreKey key{t, (int)m, plan.tokens, plan.slice, check_x, x, ids, out_dev, score_results_.dev,
@@ -729,12 +730,22 @@ class CudaDevice final : public Device {
             enqueue_epilogue(nodes_[i], into, (int64_t)g * rows);
       };
       const float* chosen = nullptr;
+      int64_t chosen_ld = 0;
       const int64_t n_chosen = (int64_t)g * m;
-      if (plan.slice < V && n_chosen > 0) {  // row j of the gathered weight is ids[k0 * m + j]
-        auto* gathered = static_cast<uint8_t*>(score_gathered_.mem->ptr);
-        gather_weight_rows(w, out_.type, out_.row_bytes, ids + (int64_t)k0 * m, (int)n_chosen, gathered, stream_);
+      if (plan.slice < V && n_chosen > 0) {
         auto* c = static_cast<float*>(score_chosen_.mem->ptr);
-        logits(gathered, n_chosen, c);
+        if (is_q8(kind)) {  // a warp per (token, id): [k][q]
+          matvec_q8_pairs(qg, ids + (int64_t)k0 * m, (int)m, c, stream_);
+          if (fold.op == EpilogueOp::None)
+            for (size_t i = mstep.first + (qg.fold.op == EpilogueOp::None ? 1 : 2); i < nodes_.size(); ++i)
+              enqueue_epilogue(nodes_[i], c, n_chosen);
+          chosen_ld = m;
+        } else {  // row j of the gathered weight is ids[k0 * m + j]: token k's ids at [k][k * m + q]
+          auto* gathered = static_cast<uint8_t*>(score_gathered_.mem->ptr);
+          gather_weight_rows(w, out_.type, out_.row_bytes, ids + (int64_t)k0 * m, (int)n_chosen, gathered, stream_);
+          logits(gathered, n_chosen, c);
+          chosen_ld = n_chosen + m;
+        }
         chosen = c;
       }
       for (int64_t r0 = 0; r0 < V; r0 += plan.slice) {
@@ -745,7 +756,7 @@ class CudaDevice final : public Device {
         r.ld = r.n = n;
         r.first = r0;
         r.chosen = chosen;
-        r.chosen_ld = n_chosen + m;  // token k's chosen ids are gathered rows k * m ...: [k][k * m + q]
+        r.chosen_ld = chosen_ld;
         r.fold = fold;
         r.ids = ids + (int64_t)k0 * m;
         r.lse = lse + k0;

@@ -139,6 +139,10 @@ void quantize_acts_q8(uint32_t type, const float* x, int64_t ldx, int64_t K, int
 void matvec_q8(const Q8Call& a, cudaStream_t stream);
 // Tokens [k0, k0 + count) of a's activations, written from row k0 of a.y.
 Q8Call q8_tokens(const Q8Call& a, int k0, int count);
+// y[k * m + q] = the logit matvec_q8 gives row rows[k * m + q] for a's token k
+// (a.fold applied as it applies it), for m rows per token: a warp per pair
+// (matvec_q8_pairs.cu). rows may be mapped host memory.
+void matvec_q8_pairs(const Q8Call& a, const int64_t* rows, int m, float* y, cudaStream_t stream);
 
 // ---- topk.cu: the k best logits of each row (ties: lowest id; NaN never beats a number) ----
 // scratch must hold topk_scratch_bytes(V, t, k) bytes; ids/vals are device [t x k].

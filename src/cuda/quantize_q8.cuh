@@ -23,12 +23,12 @@ namespace muser::cuda {
 
 enum class Q8Kind { Sum32, Sum16, Q80 };  // Q4_K/Q5_K records, Q6_K records, Q8_0 scales
 
-inline Q8Kind q8_kind(uint32_t type) {
+__host__ __device__ constexpr Q8Kind q8_kind(uint32_t type) {
   return type == (uint32_t)GgmlType::Q8_0 ? Q8Kind::Q80 : type == (uint32_t)GgmlType::Q6_K ? Q8Kind::Sum16 : Q8Kind::Sum32;
 }
 // a (token, block) record: Sum32 lo[8] | hi[8] | d | pad, Sum16 lo[16] | hi[16] | d | pad (matvec_q8.cuh)
 constexpr int kQ8Sum32RecBytes = 32, kQ8Sum16RecBytes = 48, kQ8Sum16DxOffset = 32;
-inline int q8_rec_bytes(Q8Kind k) {
+__host__ __device__ constexpr int q8_rec_bytes(Q8Kind k) {
   return k == Q8Kind::Q80 ? 4 : k == Q8Kind::Sum16 ? kQ8Sum16RecBytes : kQ8Sum32RecBytes;
 }
 inline int q8_meta_cols(Q8Kind k) { return k == Q8Kind::Q80 ? 32 : 256; }
