@@ -337,7 +337,8 @@ def test_cuda_plans_only_the_fusions_it_has_kernels_for(head_file, route, acts):
     # RMSNorm + γ + the activation quantizer where a q8 matvec follows, and the q8 matvec storing
     # through the fused route's soft cap. Every other step is one node, the profile says which,
     # and fusing changes no byte -- neither where the matvec applies the cap (t <= 16) nor where
-    # its larger token tiles leave the cap to a kernel of its own (t = 20)
+    # its larger token tiles leave the cap to a kernel of its own (t = 20; on an sm_90 device
+    # t = 100, 200 and 300 through the wgmma kernels, 300's last 44 tokens through mma.sync)
     gpu = muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts=acts)
     labels = [label for label, _ in gpu.nodes]
     kinds = [kind for _, kind in gpu.nodes]
@@ -355,7 +356,7 @@ def test_cuda_plans_only_the_fusions_it_has_kernels_for(head_file, route, acts):
     assert [p.label for p in gpu.profile(x)] == ["+".join(step) for step in expected]
     apart = muser.Head.load(head_file("Q5_K"), device="cuda", route=route, acts=acts, fuse=False)
     assert apart.steps == [(label,) for label in labels]
-    for t in (1, 3, 20):
+    for t in (1, 3, 20, 100, 200, 300):
         x = hidden_states(SHAPES["Q5_K"], t, seed=61 + t)
         assert_bitwise(gpu(x), apart(x), f"{route}/{acts} t={t}", "cuda")
 
