@@ -723,11 +723,14 @@ class CudaDevice final : public Device {
       qg.fold = q8_fold(mstep, g);
       const EpilogueFold fold = load_fold(mstep, qg.fold);
       const float* xg = normed + (int64_t)k0 * H;
-      auto logits = [&](const uint8_t* rows_w, int64_t rows, float* into) {  // [g x rows], the nodes not folded
-        enqueue_matvec_rows(kind, rows_w, rows, xg, qg, g, into, rows);
+      auto nodes_after = [&](float* into, int64_t count) {  // the element-wise nodes neither kernel applies
         if (fold.op == EpilogueOp::None)
           for (size_t i = mstep.first + (qg.fold.op == EpilogueOp::None ? 1 : 2); i < nodes_.size(); ++i)
-            enqueue_epilogue(nodes_[i], into, (int64_t)g * rows);
+            enqueue_epilogue(nodes_[i], into, count);
+      };
+      auto logits = [&](const uint8_t* rows_w, int64_t rows, float* into) {  // [g x rows]
+        enqueue_matvec_rows(kind, rows_w, rows, xg, qg, g, into, rows);
+        nodes_after(into, (int64_t)g * rows);
       };
       const float* chosen = nullptr;
       int64_t chosen_ld = 0;
@@ -736,9 +739,7 @@ class CudaDevice final : public Device {
         auto* c = static_cast<float*>(score_chosen_.mem->ptr);
         if (is_q8(kind)) {  // a warp per (token, id): [k][q]
           matvec_q8_pairs(qg, ids + (int64_t)k0 * m, (int)m, c, stream_);
-          if (fold.op == EpilogueOp::None)
-            for (size_t i = mstep.first + (qg.fold.op == EpilogueOp::None ? 1 : 2); i < nodes_.size(); ++i)
-              enqueue_epilogue(nodes_[i], c, n_chosen);
+          nodes_after(c, n_chosen);
           chosen_ld = m;
         } else {  // row j of the gathered weight is ids[k0 * m + j]: token k's ids at [k][k * m + q]
           auto* gathered = static_cast<uint8_t*>(score_gathered_.mem->ptr);

@@ -29,8 +29,6 @@ struct BlockTerms {
   float dx = 0.0f, d = 0.0f, dmin = 0.0f;
 };
 
-__device__ __forceinline__ float f16_bits(uint16_t h) { return f16_to_f32(h); }
-
 // Block b of a device-layout row (tiled at `row`: block b at b * kTileRows * B)
 // against token quants xq (its block's 256 or 32) and record rec.
 template <uint32_t kType>
@@ -51,18 +49,18 @@ __device__ BlockTerms block_terms(const uint8_t* row, int64_t b, const int8_t* x
     for (int j = 0; j < 8; ++j) sum32[j] = (int32_t)(int8_t)rec[8 + j] * 256 + (int32_t)rec[j];
     t.msum = q8_msum_kquant(&blk, sum32);
     t.dx = *reinterpret_cast<const float*>(rec + 16);
-    t.d = f16_bits(blk.d);
-    t.dmin = f16_bits(blk.dmin);
+    t.d = f16_to_f32(blk.d);
+    t.dmin = f16_to_f32(blk.dmin);
   } else if constexpr (kType == (uint32_t)GgmlType::Q6_K) {
     const auto* blk = reinterpret_cast<const BlockQ6_K*>(row + b * kTileRows * (int64_t)sizeof(BlockQ6_K));
     t.isum = q8_isum_q6_k(blk, xq);
     t.dx = *reinterpret_cast<const float*>(rec + kQ8Sum16DxOffset);
-    t.d = f16_bits(blk->d);
+    t.d = f16_to_f32(blk->d);
   } else {
     const auto* blk = reinterpret_cast<const BlockQ8_0*>(row + b * kTileRows * (int64_t)sizeof(BlockQ8_0));
     t.isum = q8_isum_q8_0(blk, xq);
     t.dx = *reinterpret_cast<const float*>(rec);
-    t.d = f16_bits(blk->d);
+    t.d = f16_to_f32(blk->d);
   }
   return t;
 }
@@ -80,7 +78,7 @@ __global__ void __launch_bounds__(kPairWarps * 32) matvec_q8_pairs_kernel(Q8Args
   constexpr bool kKQuant = kType != (uint32_t)GgmlType::Q8_0;
   constexpr int kCols = kKQuant ? kQK_K : kQK8_0;          // elements a block holds
   constexpr int kBlockBytes = block_bytes(kType);
-  const int rec_bytes = q8_rec_bytes(q8_kind(kType));
+  constexpr int rec_bytes = q8_rec_bytes(q8_kind(kType));
   const int64_t blocks = a.row_bytes / kBlockBytes;
   const uint8_t* row = a.w + tiled_row_offset(r, a.row_bytes, kBlockBytes);
   pdl_wait();  // the activations are an earlier node's writes

@@ -54,10 +54,7 @@ __global__ void __launch_bounds__(kReduceWarps * 32, 8) vocab_reduce_kernel(Voca
   auto fold = [&](float raw) { return epilogue_op<kOp>(raw, a.fold.f0, a.fold.f1, a.fold.f2); };
   auto load = [&](const float* p) { return fold(__ldg(p)); };
   // a chosen id's logit: in this row when it is the whole vocabulary, else gathered
-  auto chosen = [&](int q, int64_t id) {
-    return epilogue_op<kOp>(a.chosen ? __ldg(a.chosen + k * a.chosen_ld + q) : __ldg(row + id), a.fold.f0, a.fold.f1,
-                            a.fold.f2);
-  };
+  auto chosen = [&](int q, int64_t id) { return fold(a.chosen ? __ldg(a.chosen + k * a.chosen_ld + q) : __ldg(row + id)); };
   if (threadIdx.x < kMaxFusedIds) rank_sum[threadIdx.x] = 0;
   // the row's first ids, which no node writes, are read while the route finishes,
   // once per CTA (they may be mapped host memory: one read across the bus, not one per warp)
