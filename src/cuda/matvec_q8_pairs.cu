@@ -112,34 +112,22 @@ __global__ void __launch_bounds__(kPairWarps * 32) matvec_q8_pairs_kernel(Q8Args
 
 }  // namespace
 
-bool matvec_q8_pairs_supports(uint32_t type) {
-  return type == (uint32_t)GgmlType::Q5_K || type == (uint32_t)GgmlType::Q4_K || type == (uint32_t)GgmlType::Q6_K ||
-         type == (uint32_t)GgmlType::Q8_0;
-}
-
 void matvec_q8_pairs(const Q8Call& a, const int64_t* rows, int m, float* y, cudaStream_t stream) {
   const int64_t pairs = (int64_t)a.t * m;
   if (pairs == 0) return;
   const Q8Args& args = a;
   const dim3 grid((unsigned)((pairs + kPairWarps - 1) / kPairWarps)), block(kPairWarps * 32);
+  auto launch = [&](auto type) {
+    launch_pdl(matvec_q8_pairs_kernel<decltype(type)::value>, grid, block, 0, stream, "matvec_q8_pairs", args, rows,
+               m, y);
+  };
+  using T = GgmlType;
   switch (a.type) {
-    case (uint32_t)GgmlType::Q5_K:
-      launch_pdl(matvec_q8_pairs_kernel<(uint32_t)GgmlType::Q5_K>, grid, block, 0, stream, "matvec_q8_pairs", args,
-                 rows, m, y);
-      break;
-    case (uint32_t)GgmlType::Q4_K:
-      launch_pdl(matvec_q8_pairs_kernel<(uint32_t)GgmlType::Q4_K>, grid, block, 0, stream, "matvec_q8_pairs", args,
-                 rows, m, y);
-      break;
-    case (uint32_t)GgmlType::Q6_K:
-      launch_pdl(matvec_q8_pairs_kernel<(uint32_t)GgmlType::Q6_K>, grid, block, 0, stream, "matvec_q8_pairs", args,
-                 rows, m, y);
-      break;
-    case (uint32_t)GgmlType::Q8_0:
-      launch_pdl(matvec_q8_pairs_kernel<(uint32_t)GgmlType::Q8_0>, grid, block, 0, stream, "matvec_q8_pairs", args,
-                 rows, m, y);
-      break;
-    default: throw DeviceError("matvec_q8_pairs: unsupported weight type");
+    case (uint32_t)T::Q5_K: launch(std::integral_constant<uint32_t, (uint32_t)T::Q5_K>{}); break;
+    case (uint32_t)T::Q4_K: launch(std::integral_constant<uint32_t, (uint32_t)T::Q4_K>{}); break;
+    case (uint32_t)T::Q6_K: launch(std::integral_constant<uint32_t, (uint32_t)T::Q6_K>{}); break;
+    case (uint32_t)T::Q8_0: launch(std::integral_constant<uint32_t, (uint32_t)T::Q8_0>{}); break;
+    default: throw DeviceError("matvec_q8_pairs: no q8 kernel for this weight type");
   }
 }
 
