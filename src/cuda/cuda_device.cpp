@@ -585,8 +585,9 @@ class CudaDevice final : public Device {
   // group's logits do not fit -- the element-wise nodes (or the one node,
   // folded into the reduction) and one vocab_reduce launch per slice (the
   // tiles' pairs, the rank counts and each row's finish after the last).
-  // Slices count ranks against the chosen ids' logits computed first, by the
-  // same matvec over the chosen rows gathered (score_chosen_). So a group
+  // Slices count ranks against the chosen ids' logits computed first
+  // (score_chosen_): with q8 activations by matvec_q8_pairs, else by the same
+  // matvec over the chosen rows gathered (score_gathered_). So a group
   // takes the plain call's largest launch and the weight is read as often as
   // the plain call reads it. The kernels run
   // as one CUDA graph per shape, the NaN scan of a device hidden state beside
@@ -627,7 +628,9 @@ class CudaDevice final : public Device {
       if (!q8_)
         gathered = score_gathered_.ensure_zeroed(device_weight_bytes(out_.type, n, out_.row_bytes), ordinal_,
                                                  "the chosen ids' rows", stream_);
-      chosen = score_chosen_.ensure((size_t)(q8_ ? 1 : plan.tokens) * n * 4 + 4, ordinal_, "the chosen ids' logits");
+      // q8: [tokens x m]; else [tokens x n] (every token against every gathered row)
+      const size_t bytes = (size_t)(q8_ ? 1 : plan.tokens) * n * sizeof(float);
+      chosen = score_chosen_.ensure(std::max<size_t>(bytes, 8), ordinal_, "the chosen ids' logits");
     }
 
     const ScoreKey key{t, (int)m, plan.tokens, plan.slice, check_x, x, ids, out_dev, score_results_.dev,
