@@ -8,8 +8,8 @@ to change it), then times, per t, the host clock of what a caller waits for:
 ``head(x)`` (plain: on CUDA ``head(x, on_device=True)`` and a synchronize),
 ``head.score(x, ids)`` (one target per row), ``head.logsumexp(x)``,
 ``head.log_softmax(x)`` (on CUDA ``on_device=True``) and ``head.sample(x, seed=0,
-positions=arange(t), ...)`` greedy (temperature 0), at temperature 1 with top_p 0.9
-and with top_k 50, each as a ratio to the plain call. On CUDA it also prints the device memory a score call took (cudaMemGetInfo
+positions=arange(t), ...)`` greedy (temperature 0), at temperature 1 (the default:
+no cut), with top_p 0.9 and with top_k 50, each as a ratio to the plain call. On CUDA it also prints the device memory a score call took (cudaMemGetInfo
 around its first call on a fresh head) against the [t, V] logits it never keeps.
 Medians over ``--reps``, taken round-robin over the columns (a shared machine's
 load then weighs on every column alike).
@@ -80,9 +80,9 @@ def main() -> int:
         def sync() -> None:
             return None
     print(f"{head!r}; reps {args.reps}; load average {_load()}")
-    print(f"{'':>14} {'':>7} {'':>9} {'':>11} {'sample':^26}")
+    print(f"{'':>14} {'':>7} {'':>9} {'':>11} {'sample':^35}")
     print(f"{'t':>4} {'plain ms':>9} {'score':>7} {'logsumexp':>9} {'log_softmax':>11} "
-          f"{'greedy':>8} {'top_p .9':>8} {'top_k 50':>8}   (ratios to plain)")
+          f"{'greedy':>8} {'temp 1':>8} {'top_p .9':>8} {'top_k 50':>8}   (ratios to plain)")
     for t in args.tokens:
         x = np.random.default_rng(t).standard_normal((t, args.hidden), dtype=np.float32)
         ids = np.random.default_rng(1).integers(0, args.vocab, size=t)
@@ -100,7 +100,8 @@ def main() -> int:
                lambda: head.logsumexp(xin),
                lambda: head.log_softmax(xin, on_device=True) if cuda else head.log_softmax(xin)]
         fns += [lambda kw=kw: head.sample(xin, seed=0, positions=pos, **kw)
-                for kw in (dict(temperature=0.0), dict(temperature=1.0, top_p=0.9), dict(temperature=1.0, top_k=50))]
+                for kw in (dict(temperature=0.0), dict(temperature=1.0), dict(temperature=1.0, top_p=0.9),
+                           dict(temperature=1.0, top_k=50))]
         plain, score, lse, lsm, *samples = _timed_interleaved(fns, args.reps, sync)
         print(f"{t:4d} {plain * 1e3:9.3f} {score / plain:7.3f} {lse / plain:9.3f} {lsm / plain:11.3f} "
               + " ".join(f"{v / plain:8.3f}" for v in samples)

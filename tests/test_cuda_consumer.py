@@ -261,30 +261,52 @@ def _allowed_mask(V: int) -> np.ndarray:
     return mask
 
 
+def _assert_draw_equals_host_sampling(gpu: muser.Head, x: np.ndarray, seed: int, pos: np.ndarray, kw: dict):
+    """The device draw against muser/sample.h on the CPU over the device's own logits, bit for
+    bit in every field; returns the draw."""
+    from muser import _sampling
+    V = gpu.spec.vocab_size
+    got = gpu.sample(x, seed=seed, positions=pos, **kw)
+    params = _sampling.check_params(V, seed=seed, positions=pos, **{
+        "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "logit_bias": None, "allowed": None, **kw})
+    want = _sampling.sample_logits(np.array(gpu(x)), False, params, pos.astype(np.uint64))
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    for field in ("logprobs", "processed_logprobs", "kept_mass"):
+        np.testing.assert_array_equal(bits(getattr(got, field)), bits(getattr(want, field)), err_msg=field)
+    return got
+
+
 @pytest.mark.parametrize("route,acts", [("canonical", "f32"), ("fused", "q8")])
 @pytest.mark.parametrize("setting", range(len(SAMPLE_SETTINGS) + 1))
 def test_device_sample_equals_host_sampling_of_the_devices_logits(files, route, acts, setting):
     # the device draw (Device::sample) against muser/sample.h on the CPU over the same
     # logits, bit for bit in every field; on the canonical route also against the CPU head
     kw = dict(SAMPLE_SETTINGS[setting]) if setting < len(SAMPLE_SETTINGS) else {"allowed": _allowed_mask(5003)}
-    from muser import _sampling
     path = files("Q5_K", 5003)
     gpu = muser.Head.load(path, device="cuda", route=route, acts=acts)
     x = hidden_states(256, 5, seed=12 + setting)
     pos = np.arange(40, 45)
-    got = gpu.sample(x, seed=99, positions=pos, **kw)
-    params = _sampling.check_params(5003, seed=99, positions=pos, **{
-        "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "logit_bias": None, "allowed": None, **kw})
-    want = _sampling.sample_logits(np.array(gpu(x)), False, params, pos.astype(np.uint64))
-    np.testing.assert_array_equal(got.tokens, want.tokens)
-    for field in ("logprobs", "processed_logprobs", "kept_mass"):
-        np.testing.assert_array_equal(bits(getattr(got, field)), bits(getattr(want, field)), err_msg=field)
+    got = _assert_draw_equals_host_sampling(gpu, x, 99, pos, kw)
     one = gpu.sample(x[2], seed=99, positions=42, **kw)  # one row: the batch's row 2, the t axis dropped
     assert one.tokens == got.tokens[2] and isinstance(one.tokens, int)
     if route == "canonical":
         cpu = muser.Head.load(path, route=route, acts=acts).sample(x, seed=99, positions=pos, **kw)
         np.testing.assert_array_equal(got.tokens, cpu.tokens)
         np.testing.assert_array_equal(bits(got.processed_logprobs), bits(cpu.processed_logprobs))
+
+
+CTA_TILE_MAX_TILES = 2048  # kCtaTileMaxTiles (sample.cu): sampling runs a CTA per tile up to this many tiles a launch
+
+
+@pytest.mark.parametrize("setting", range(len(SAMPLE_SETTINGS)))
+def test_device_sample_of_many_rows_equals_host_sampling(files, setting):
+    # past kCtaTileMaxTiles tiles a launch, sample_prep and sample_kept run a warp per tile (a
+    # lane's 64 steps in chunks) instead of a CTA per tile: the same bits in every field
+    gpu = muser.Head.load(files("Q5_K", 5003), device="cuda", route="fused", acts="q8")
+    t = 700
+    assert t * 3 > CTA_TILE_MAX_TILES >= 16 * 3  # the batch takes warps; a group of 16 rows, CTAs
+    _assert_draw_equals_host_sampling(gpu, hidden_states(256, t, seed=70 + setting), 17, np.arange(t) * 7 + 3,
+                                      SAMPLE_SETTINGS[setting])
 
 
 def test_device_top_p_cuts_within_tied_logits_by_id(files):

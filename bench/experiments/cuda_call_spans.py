@@ -3,7 +3,8 @@
     python bench/experiments/cuda_call_spans.py head.gguf [--reps 50] [--sample]
 
 For the plain call, `argmax` and `topk(x, 50)` on the fused q8 route (with
---sample: `sample` greedy, top_k 50, top_p 0.9 and both): the median
+--sample: the plain call, then `sample` greedy, at temperature 1, top_k 50,
+top_p 0.9 and both): the median
 over the calls of the span from the call's first kernel start to its last
 kernel end (what the GPU spends on the call, free of the host), and each
 kernel's median time. With programmatic dependent launch on (the default), a
@@ -36,8 +37,9 @@ def main() -> int:
              ("topk50", lambda: head.topk(x, 50))]
     if args.sample:
         draw = lambda **kw: (lambda: head.sample(x[0], seed=1, positions=5, **kw))  # noqa: E731
-        calls = [("sample greedy", draw(temperature=0.0)), ("sample top_k 50", draw(top_k=50)),
-                 ("sample top_p 0.9", draw(top_p=0.9)), ("sample top_k 50 top_p 0.9", draw(top_k=50, top_p=0.9))]
+        calls = [calls[0], ("sample greedy", draw(temperature=0.0)), ("sample temperature 1", draw()),
+                 ("sample top_k 50", draw(top_k=50)), ("sample top_p 0.9", draw(top_p=0.9)),
+                 ("sample top_k 50 top_p 0.9", draw(top_k=50, top_p=0.9))]
     for name, fn in calls:
         for _ in range(20):
             fn()

@@ -1,5 +1,5 @@
-"""Per-kernel device times of the plain call and of ``head.sample`` settings (greedy, top_p 0.9,
-top_k 50) on the seed-shaped random head, by torch.profiler (CUPTI), 10 calls each.
+"""Per-kernel device times of the plain call and of ``head.sample`` settings (greedy, temperature 1
+with no cut, top_p 0.9, top_k 50) on the seed-shaped random head, by torch.profiler (CUPTI), 10 calls each.
 
 Kernels launched with programmatic dependent launch start before the one they wait for, so
 their times include that wait: read the list as which kernels run and how many, not as a sum.
@@ -15,7 +15,7 @@ head = muser.Head.load(path, device="cuda", route="fused", acts="q8")
 for t in (1, 8):
     x = torch.from_numpy(np.random.default_rng(t).standard_normal((t, SEED_SHAPE["hidden"]), dtype=np.float32)).cuda()
     pos = np.arange(t)
-    for name, kw in (("plain", None), ("greedy", dict(temperature=0.0)), ("top_p", dict(temperature=1.0, top_p=0.9)), ("top_k", dict(temperature=1.0, top_k=50))):
+    for name, kw in (("plain", None), ("greedy", dict(temperature=0.0)), ("temp 1", dict(temperature=1.0)), ("top_p", dict(temperature=1.0, top_p=0.9)), ("top_k", dict(temperature=1.0, top_k=50))):
         fn = (lambda: head(x, on_device=True)) if kw is None else (lambda kw=kw: head.sample(x, seed=0, positions=pos, **kw))
         for _ in range(3): fn()
         torch.cuda.synchronize()

@@ -25,6 +25,9 @@ __device__ __forceinline__ float epilogue_op(float l, float f0, float f1, float 
 // The one switch over the element-wise nodes: calls f once with the node as a
 // compile-time constant (std::integral_constant<EpilogueOp, op>), so a caller that
 // applies it to many values branches once.
+// (nv_exec_check_disable: f is a host lambda on the host -- a launcher -- and a
+// device one on the device; each side instantiates only its own.)
+#pragma nv_exec_check_disable
 template <class F>
 __host__ __device__ __forceinline__ void epilogue_dispatch(EpilogueOp op, F&& f) {
   using Op = EpilogueOp;

@@ -22,8 +22,10 @@
 //                  e^(z - m) / E, ties to the lower id: a maximum, so any
 //                  split of the race finds the serial winner).
 //
-// Every kernel but the order's sort runs a CTA per (row, tile of kLseTile ids);
-// the CTA that finishes a row's last tile joins the row (tile_reduce.cuh).
+// sample_prep and sample_kept run a CTA per (row, tile of kLseTile ids) for a
+// few rows, a warp per (row, tile) for many (kCtaTileMaxTiles); the order's
+// keys and top_p's passes a CTA per (row, tile). The CTA that finishes a row's
+// last tile joins the row (tile_reduce.cuh).
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
@@ -70,49 +72,119 @@ __device__ __forceinline__ int64_t top_k_chunks(int64_t V) {
   return (V + (1 << kTopkChunkShift) - 1) >> kTopkChunkShift;
 }
 
-__global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKargs a) {
+// The launch shape of sample_prep and sample_kept (tile_reduce.cuh): a CTA per
+// (row, tile) up to kCtaTileMaxTiles tiles a launch, else a warp per (row,
+// tile), kWarpTiles to a CTA. Each token's work is long (the processed z and
+// its key; the race's Philox clock and two exps), so a launch of few tiles
+// needs every thread of a CTA on each one: a warp per tile ran one row of the
+// seed's vocabulary (99 tiles) on a quarter of the SMs, and lost up to t = 16
+// (H100, temperature 1: 1.18-1.28 x the plain call against 1.16-1.17); from
+// t = 32 on it wins (1.22-1.25 against 1.29; t = 256: 1.34 against 1.64,
+// greedy 1.11 against 1.29).
+constexpr int64_t kCtaTileMaxTiles = 2048;
+__host__ __device__ constexpr bool cta_per_tile(int64_t tiles) { return tiles <= kCtaTileMaxTiles; }
+
+// The launch of a sample kernel over `rows` rows of V ids in the shape above.
+template <class Cta, class Warp, class... Args>
+void launch_sample_tiles(Cta cta_kernel, Warp warp_kernel, int64_t V, int rows, cudaStream_t stream, const char* what,
+                         const Args&... args) {
+  const int64_t tiles = (V + kLseTile - 1) / kLseTile;
+  if (cta_per_tile(tiles * rows))
+    launch_consumer(cta_kernel, dim3((unsigned)tiles, (unsigned)rows), dim3(kTileThreads), 0, stream, what, args...);
+  else
+    launch_consumer(warp_kernel, dim3((unsigned)warp_tile_ctas(V), (unsigned)rows), dim3(kWarpTileThreads), 0, stream,
+                    what, args...);
+}
+
+// grid (tiles, t) of kTileThreads (kCtaTile) or (warp_tile_ctas(V), t) of
+// kWarpTileThreads: z = the processed logits, each row's first bad id, top
+// key, count of finite z and top_k's chunk bests (a.sel), the tiles' pairs of
+// the logits themselves (the row's logsumexp), and greedy rows finished. A
+// CTA-per-tile thread takes steps tile_step_index(j) (top_k's first chunk in
+// warps 0-3, the second in 4-7); a warp-per-tile lane takes ids l, l + 32, ...
+// of its tile (the first chunk in its first 32 steps), a chunk of steps in
+// registers at once with the next chunk's loads in flight. The folded node kOp
+// is applied to each raw logit as it is loaded (and written back: the logits
+// the later kernels read).
+template <EpilogueOp kOp, bool kCtaTile>
+__global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kCtaTile ? 4 : 8)
+    sample_prep_kernel(SampleKargs a) {
   pdl_launch_dependents();
+  constexpr int kWarps = kCtaTile ? kTileWarps : kWarpTiles;
   __shared__ TileSmem sm;
-  __shared__ unsigned long long warp_top[kTileWarps];
-  __shared__ unsigned warp_bad[kTileWarps], warp_finite[kTileWarps];
+  __shared__ unsigned long long warp_top[kWarps], warp_sel[kWarps][2];
+  __shared__ unsigned warp_bad[kWarps], warp_finite[kWarps];
   const int lane = threadIdx.x % kCanonLanes, warp = threadIdx.x / kCanonLanes;
-  const int64_t k = blockIdx.y, tile = blockIdx.x, i0 = tile * kLseTile;
-  const int tiles = (int)gridDim.x;
-  const int count = (int)(a.V - i0 < kLseTile ? a.V - i0 : kLseTile);
+  const int64_t k = blockIdx.y;
+  const TileSpan tile = kCtaTile ? TileSpan(a.V, 1, 0) : TileSpan(a.V, kWarpTiles, warp);
+  const int tiles = (int)((a.V + kLseTile - 1) / kLseTile);
+  const int count = tile.count;
   const SampleParams p = cta_params(a);  // read while the route finishes
   float* x = a.x + k * a.V;
   float* z = a.z + k * a.V;
   const float neg_inf = lse_neg_inf();
-  const bool folds = a.fold.op != EpilogueOp::None;
-  float v[kStepsPerThread];
-  unsigned long long top = 0, sel = 0;  // sel: top_k's chunk best (a.sel), of every z
+  unsigned long long top = 0, sel[2] = {0, 0};  // sel: top_k's chunk bests (a.sel), of every z
   unsigned bad = 0, finite = 0;  // bad: 0xFFFFFFFF - the lowest bad id (as a key's low word), 0 for none
-#pragma unroll
-  for (int j = 0; j < kStepsPerThread; ++j) {
-    const int i = tile_step_index(j);
-    const int id = (int)i0 + i;
-    v[j] = neg_inf;
-    if (i >= count) continue;
-    v[j] = epilogue_apply(a.fold, x[id]);
-    if (folds) x[id] = v[j];  // the route's folded node: the logits the later kernels read
-    // sample_processed, one token
-    float w = neg_inf;
+  // one token: its raw logit through the folded node (returned: the logit the
+  // pairs push), its processed z written, the row's verdicts and bests updated
+  auto token = [&](int id, float raw, unsigned long long& chunk_sel) {
+    const float v = epilogue_op<kOp>(raw, a.fold.f0, a.fold.f1, a.fold.f2);
+    if constexpr (kOp != EpilogueOp::None) x[id] = v;
+    float w = neg_inf;  // sample_processed, one token
     if (!a.allowed || a.allowed[id]) {
       bool ok;
-      w = sample_processed_one(a.bias ? v[j] + a.bias[id] : v[j], p.temperature, ok);
+      w = sample_processed_one(a.bias ? v + a.bias[id] : v, p.temperature, ok);
       if (!ok) {
         const unsigned b = 0xFFFFFFFFu - (unsigned)id;
         bad = b > bad ? b : bad;
         w = neg_inf;
       }
     }
-    z[id] = w;
+    if (p.temperature > 0.0f) z[id] = w;  // (a greedy row ends in this kernel: no later one reads z)
     const unsigned long long key = logit_key(w, id);
-    if (a.sel.best) sel = key > sel ? key : sel;  // of every z, as topk_threshold's chunk_best ranks z
+    chunk_sel = key > chunk_sel ? key : chunk_sel;  // of every z, as topk_threshold's chunk_best ranks z
     if (w != neg_inf) {
       ++finite;
       top = key > top ? key : top;
     }
+    return v;
+  };
+  LsePair pair = lse_empty();  // the tile's (the CTA's thread 0, a warp's lane 0)
+  if constexpr (kCtaTile) {
+    float v[kStepsPerThread];
+#pragma unroll
+    for (int j = 0; j < kStepsPerThread; ++j) {
+      const int i = tile_step_index(j);
+      v[j] = i < count ? token((int)tile.first + i, x[tile.first + i], sel[0]) : neg_inf;
+    }
+    pair = tile_pair(v, sm);
+  } else {
+    auto fetch = [&](int c, float(&into)[kWarpChunk]) {  // raw logits of steps c ... (0 past the end)
+#pragma unroll
+      for (int j = 0; j < kWarpChunk; ++j) {
+        const int i = lane + (c + j) * kCanonLanes;
+        into[j] = i < count ? x[tile.first + i] : 0.0f;
+      }
+    };
+    LaneLse lse;
+    float next[kWarpChunk];
+    fetch(0, next);
+    for (int c = 0; c < kWarpTileSteps; c += kWarpChunk) {
+      float v[kWarpChunk];
+#pragma unroll
+      for (int j = 0; j < kWarpChunk; ++j) v[j] = next[j];
+      if (c + kWarpChunk < kWarpTileSteps) fetch(c + kWarpChunk, next);  // in flight while this chunk is processed
+      unsigned long long chunk_sel = 0;
+#pragma unroll
+      for (int j = 0; j < kWarpChunk; ++j) {
+        const int i = lane + (c + j) * kCanonLanes;
+        v[j] = i < count ? token((int)tile.first + i, v[j], chunk_sel) : neg_inf;  // -inf pushes nothing
+      }
+      if (c < kWarpTileSteps / 2) sel[0] = chunk_sel > sel[0] ? chunk_sel : sel[0];
+      else sel[1] = chunk_sel > sel[1] ? chunk_sel : sel[1];
+      lse.push(v);
+    }
+    pair = warp_lse_join(lse.pair());
   }
   top = warp_max(top);
   for (int off = 16; off >= 1; off >>= 1) {
@@ -120,19 +192,35 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
     bad = o > bad ? o : bad;
     finite += __shfl_xor_sync(0xffffffffu, finite, off);
   }
-  __shared__ unsigned long long warp_sel[kTileWarps];
-  if (a.sel.best) sel = warp_max(sel);
+  if (a.sel.best) {
+    sel[0] = warp_max(sel[0]);
+    sel[1] = warp_max(sel[1]);
+  }
   if (lane == 0) {
     warp_top[warp] = top;
     warp_bad[warp] = bad;
     warp_finite[warp] = finite;
-    warp_sel[warp] = sel;
+    warp_sel[warp][0] = sel[0];
+    warp_sel[warp][1] = sel[1];
   }
-  const LsePair pair = tile_pair(v, sm);  // the logits' own pair: score's logsumexp
+  __syncthreads();
+  // the tile's pair and top_k's chunk bests (a last tile may hold one chunk)
+  const int64_t chunks = top_k_chunks(a.V);
+  if (kCtaTile ? threadIdx.x == 0 : lane == 0 && count > 0) {
+    a.pairs_a[k * tiles + tile.index] = pair;
+    if (a.sel.best)
+      for (int c = 0; c < 2 && 2 * tile.index + c < chunks; ++c) {
+        unsigned long long b = 0;
+        if (kCtaTile)  // warps 0-3 hold the first chunk's ids, 4-7 the second's
+          for (int w = c * kTileWarps / 2; w < (c + 1) * kTileWarps / 2; ++w) b = warp_sel[w][0] > b ? warp_sel[w][0] : b;
+        else
+          b = sel[c];
+        a.sel.best[k * chunks + 2 * tile.index + c] = b;
+      }
+  }
   SampleRowState& row = a.rows[k];
   if (threadIdx.x == 0) {
-    a.pairs_a[k * tiles + tile] = pair;
-    for (int w = 1; w < kTileWarps; ++w) {
+    for (int w = 1; w < kWarps; ++w) {  // warps past the row's end hold nothing
       top = warp_top[w] > top ? warp_top[w] : top;
       bad = warp_bad[w] > bad ? warp_bad[w] : bad;
       finite += warp_finite[w];
@@ -140,26 +228,19 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
     if (top) atomicMax(&row.top_key, top);
     if (bad) atomicMax(&row.bad, bad);
     if (finite) atomicAdd(&row.finite, finite);
-    if (a.sel.best)  // the tile's two chunks: warps 0-3 hold the first's ids, 4-7 the second's
-      for (int c = 0; c < 2 && 2 * tile + c < top_k_chunks(a.V); ++c) {
-        unsigned long long b = 0;
-        for (int w = c * kTileWarps / 2; w < (c + 1) * kTileWarps / 2; ++w) b = warp_sel[w] > b ? warp_sel[w] : b;
-        a.sel.best[k * top_k_chunks(a.V) + 2 * tile + c] = b;
-      }
   }
-  if (!finished_row(a.done + k, (unsigned)tiles, sm)) return;
+  if (!finished_row(a.done + k, (unsigned)tiles, sm, (unsigned)tile.cta_tiles)) return;
   if (a.sel.best) {  // the row's top_k threshold from its chunk bests (every thread of the CTA)
-    const unsigned chunks = (unsigned)top_k_chunks(a.V);
-    threshold_of_bests<kTileThreads, kLseTile / 2>(a.sel.best + k * chunks, chunks, a.sel_k,
-                                                   reinterpret_cast<unsigned long long*>(sm.exps), a.sel.threshold + k);
+    threshold_of_bests<kCtaTile ? kTileThreads : kWarpTileThreads, kLseTile / 2>(
+        a.sel.best + k * chunks, chunks, a.sel_k, reinterpret_cast<unsigned long long*>(sm.exps), a.sel.threshold + k);
     __syncthreads();  // the staged bests' shared memory becomes join_row's
   }
   if (warp != 0) return;
   const LsePair root = join_row(a.pairs_a + k * tiles, tiles, sm);
   if (lane != 0) return;
   a.done[k] = 0;
-  const float lse = lse_value(root);
-  row.row_lse = lse;
+  const float lse_row = lse_value(root);
+  row.row_lse = lse_row;
   SampleResult& r = a.out[k];
   const unsigned long long top_key = __ldcg(&row.top_key);
   const unsigned bad_key = __ldcg(&row.bad);
@@ -173,8 +254,8 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_prep_kernel(SampleKarg
   } else if (!(p.temperature > 0.0f)) {  // greedy: the kept set is the top token alone (sample_raw_side)
     r.token = (int32_t)logit_key_id(top_key);
     const float xt = __ldcg(x + r.token);  // another CTA's write, when the node is folded
-    const float d = xt - lse;
-    r.logprob = xt - lse;
+    const float d = xt - lse_row;
+    r.logprob = xt - lse_row;
     r.kept_mass = canon_exp_nonpos(d < 0.0f ? d : 0.0f);
   }
   if (!(p.temperature > 0.0f)) {  // greedy rows end here
@@ -410,15 +491,22 @@ __global__ void __launch_bounds__(kTileThreads) sample_kept_best_kernel(SampleKa
 }
 
 // The kept set (the order cut, min_p): the pairs of its z and of its raw
-// logits, the race, and the finish of each row's draw.
-__global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKargs a, int row0) {
+// logits, the race, and the finish of each row's draw. Launched as
+// sample_prep (launch_sample_tiles); the finishing CTA joins the two rows of
+// pairs at once (warps 0 and 1).
+template <bool kCtaTile>
+__global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kCtaTile ? 4 : 8)
+    sample_kept_kernel(SampleKargs a, int row0) {
   pdl_launch_dependents();
-  __shared__ TileSmem sm;
-  __shared__ unsigned long long warp_race[kTileWarps];
+  constexpr int kWarps = kCtaTile ? kTileWarps : kWarpTiles;
+  __shared__ TileSmem sm, sm_raw;
+  __shared__ unsigned long long warp_race[kWarps];
+  __shared__ LsePair roots[2];
   const int lane = threadIdx.x % kCanonLanes, warp = threadIdx.x / kCanonLanes;
-  const int64_t k = row0 + blockIdx.y, tile = blockIdx.x, i0 = tile * kLseTile;
-  const int tiles = (int)gridDim.x;
-  const int count = (int)(a.V - i0 < kLseTile ? a.V - i0 : kLseTile);
+  const int64_t k = row0 + blockIdx.y;
+  const TileSpan tile = kCtaTile ? TileSpan(a.V, 1, 0) : TileSpan(a.V, kWarpTiles, warp);
+  const int tiles = (int)((a.V + kLseTile - 1) / kLseTile);
+  const int count = tile.count;
   __shared__ uint64_t position_s;
   if (threadIdx.x == 0) position_s = a.positions[k];
   const SampleParams p = cta_params(a);
@@ -436,43 +524,77 @@ __global__ void __launch_bounds__(kTileThreads, 4) sample_kept_kernel(SampleKarg
     z_floor = race_z_floor(sample_race_key(m, m, p.seed, position, top));
   }
   const bool z_pair = a.kept_z_pair, raw_pair = a.kept_raw_pair;
-  float zk[kStepsPerThread], xk[kStepsPerThread];
   unsigned long long race = 0;
-#pragma unroll
-  for (int j = 0; j < kStepsPerThread; ++j) {
-    const int i = tile_step_index(j);
-    const int id = (int)i0 + i;
-    zk[j] = neg_inf;
-    xk[j] = neg_inf;
-    if (i >= count) continue;
-    const float zi = z[id];
+  // one token (zi: its z): whether it is kept (zk, xk: its z and raw logit, or
+  // -inf), and its clock in the race
+  auto token = [&](int id, float zi, float& zk, float& xk) {
     bool kept = zi != neg_inf && within_cut(row, zi, id);
     if (kept && p.min_p > 0.0f && canon_exp_nonpos(zi - m) < p.min_p) kept = false;
-    if (!kept) continue;
-    zk[j] = zi;
-    if (raw_pair) xk[j] = x[id];
-    if (zi - m < z_floor) continue;
+    zk = kept ? zi : neg_inf;
+    xk = kept && raw_pair ? __ldg(x + id) : neg_inf;
+    if (!kept || zi - m < z_floor) return;
     const float key = sample_race_key(zi, m, p.seed, position, id);
     const unsigned long long packed = logit_key(key, id);  // ranked as a logit: larger, then lower id
     race = packed > race ? packed : race;
+  };
+  LsePair zpair = lse_empty(), xpair = lse_empty();  // the tile's (the CTA's thread 0, a warp's lane 0)
+  if constexpr (kCtaTile) {
+    float zk[kStepsPerThread], xk[kStepsPerThread];
+#pragma unroll
+    for (int j = 0; j < kStepsPerThread; ++j) {
+      const int i = tile_step_index(j);
+      zk[j] = xk[j] = neg_inf;
+      if (i < count) token((int)tile.first + i, __ldg(z + tile.first + i), zk[j], xk[j]);
+    }
+    if (z_pair) zpair = tile_pair(zk, sm);  // uniform over the CTA: every thread calls or none
+    if (raw_pair) xpair = tile_pair(xk, sm);
+  } else {
+    auto fetch = [&](int c, float(&into)[kWarpChunk]) {  // z of steps c ... (-inf past the end)
+#pragma unroll
+      for (int j = 0; j < kWarpChunk; ++j) {
+        const int i = lane + (c + j) * kCanonLanes;
+        into[j] = i < count ? __ldg(z + tile.first + i) : neg_inf;
+      }
+    };
+    LaneLse zl, xl;
+    float next[kWarpChunk];
+    fetch(0, next);
+    for (int c = 0; c < kWarpTileSteps; c += kWarpChunk) {
+      float zk[kWarpChunk], xk[kWarpChunk];
+#pragma unroll
+      for (int j = 0; j < kWarpChunk; ++j) zk[j] = next[j];
+      if (c + kWarpChunk < kWarpTileSteps) fetch(c + kWarpChunk, next);  // in flight while this chunk is processed
+#pragma unroll
+      for (int j = 0; j < kWarpChunk; ++j) token((int)tile.first + lane + (c + j) * kCanonLanes, zk[j], zk[j], xk[j]);
+      if (z_pair) zl.push(zk);
+      if (raw_pair) xl.push(xk);
+    }
+    if (z_pair) zpair = warp_lse_join(zl.pair());
+    if (raw_pair) xpair = warp_lse_join(xl.pair());
   }
   race = warp_max(race);
   if (lane == 0) warp_race[warp] = race;
-  LsePair zpair = lse_empty(), xpair = lse_empty();
-  if (z_pair) zpair = tile_pair(zk, sm);  // uniform over the CTA: every thread calls or none
-  if (raw_pair) xpair = tile_pair(xk, sm);
-  __syncthreads();  // warp_race is read below even where no tile_pair ran
+  if (kCtaTile ? threadIdx.x == 0 : lane == 0 && count > 0) {
+    a.pairs_a[k * tiles + tile.index] = zpair;
+    a.pairs_b[k * tiles + tile.index] = xpair;
+  }
+  __syncthreads();
   if (threadIdx.x == 0) {
-    a.pairs_a[k * tiles + tile] = zpair;
-    a.pairs_b[k * tiles + tile] = xpair;
-    for (int w = 1; w < kTileWarps; ++w) race = warp_race[w] > race ? warp_race[w] : race;
+    for (int w = 1; w < kWarps; ++w) race = warp_race[w] > race ? warp_race[w] : race;
     if (race) atomicMax(&a.rows[k].race_key, race);
   }
-  if (!finished_row(a.done + k, (unsigned)tiles, sm) || warp != 0) return;
-  LsePair kept_pair = lse_empty(), raw_root = lse_empty();
-  if (z_pair) kept_pair = join_row(a.pairs_a + k * tiles, tiles, sm);
-  if (raw_pair) raw_root = join_row(a.pairs_b + k * tiles, tiles, sm);
-  if (lane != 0) return;
+  if (!finished_row(a.done + k, (unsigned)tiles, sm, (unsigned)tile.cta_tiles)) return;
+  if (warp == 0 && z_pair) {
+    const LsePair root = join_row(a.pairs_a + k * tiles, tiles, sm);
+    if (lane == 0) roots[0] = root;
+  }
+  if (warp == 1 && raw_pair) {
+    const LsePair root = join_row(a.pairs_b + k * tiles, tiles, sm_raw);
+    if (lane == 0) roots[1] = root;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const LsePair kept_pair = z_pair ? roots[0] : lse_empty(), raw_root = raw_pair ? roots[1] : lse_empty();
   a.done[k] = 0;
   SampleRowState& r = a.rows[k];
   SampleResult& out = a.out[k];
@@ -815,8 +937,11 @@ void sample_unpack(const SampleResult* results, int t, int64_t* tokens, float* l
 }
 
 void sample_prep(const SampleKargs& a, cudaStream_t stream) {
-  const unsigned tiles = (unsigned)((a.V + kLseTile - 1) / kLseTile);
-  launch_consumer(sample_prep_kernel, dim3(tiles, (unsigned)a.t), dim3(kTileThreads), 0, stream, "sample_prep", a);
+  epilogue_dispatch(a.fold.op, [&](auto op) {
+    constexpr EpilogueOp kOp = decltype(op)::value;
+    launch_sample_tiles(sample_prep_kernel<kOp, true>, sample_prep_kernel<kOp, false>, a.V, a.t, stream, "sample_prep",
+                        a);
+  });
 }
 
 void sample_order(const SampleKargs& a, int row0, int rows, void* sort_scratch, size_t sort_bytes,
@@ -854,9 +979,8 @@ size_t sample_order_scratch_bytes(int64_t V, int rows, int id_bits) {
 }
 
 void sample_kept_pairs(const SampleKargs& a, int row0, int rows, cudaStream_t stream) {
-  const unsigned tiles = (unsigned)((a.V + kLseTile - 1) / kLseTile);
-  launch_consumer(sample_kept_kernel, dim3(tiles, (unsigned)rows), dim3(kTileThreads), 0, stream, "sample_kept_pairs",
-                  a, row0);
+  launch_sample_tiles(sample_kept_kernel<true>, sample_kept_kernel<false>, a.V, rows, stream, "sample_kept_pairs", a,
+                      row0);
 }
 
 void sample_top_p_select(const SampleKargs& a, int row0, int rows, cudaStream_t stream) {

@@ -1,16 +1,22 @@
 // The canonical vocabulary reduction's device pieces (docs/numerics.md, "The
 // vocabulary reduction"), shared by the kernels that reduce rows of logits
-// (vocab_reduce.cu, sample.cu): a CTA of kTileThreads per (row, tile of
-// kLseTile ids) computes the tile's (max, sum) pair, and the CTA that finishes
-// a row's last tile joins the row's pairs.
+// (vocab_reduce.cu, sample.cu). A tile's (max, sum) pair is lse_tile's: lane l
+// pushes ids l, l + 32, ... in increasing order (its kWarpTileSteps steps),
+// then the lanes join by canon_tree32's butterfly (warp_lse_join); the same
+// operations on the same operands as lse_push, so the CPU's bits. Two shapes:
 //
-// The tile pair is lse_push's sequence spread over the CTA: lane l owns ids
-// l, l + 32, ... in increasing order (its 64 steps); warp w takes steps
-// 8w .. 8w + 7 of every lane. Each step's exponent depends only on the running
-// max it meets, which the warps' maxima give, so every thread computes its
-// exps at once; warp 0 then adds each lane's sum in order (the one sequential
-// part) and joins the lanes by canon_tree32's butterfly. The same operations
-// on the same operands as lse_push, so the same bits as the CPU's lse_tile.
+//   warp per tile  a warp walks its tile a chunk of steps at a time (LaneLse),
+//                  kWarpTiles tiles to a CTA: few threads per tile, for
+//                  launches with many tiles (vocab_reduce always: its work per
+//                  id is a load and an exp);
+//   CTA per tile   kTileThreads spread each lane's steps (tile_pair): warp w
+//                  takes steps 8w .. 8w + 7 of every lane, each step's
+//                  exponent from the running max the warps' maxima give, then
+//                  warp 0 adds each lane's sum in order -- for few rows of
+//                  long work per id (sample's), where a warp per tile would
+//                  leave most of the GPU's schedulers idle.
+//
+// The CTA that finishes a row's last tile joins the row's pairs.
 #pragma once
 #include <cstdint>
 
@@ -18,15 +24,26 @@
 
 namespace muser::cuda {
 
+// The CTA-per-tile shape (also sample_kept_best's and top_p's CTAs).
 constexpr int kTileWarps = 8;
 constexpr int kTileThreads = kTileWarps * 32;
 constexpr int kStepsPerThread = kLseTile / kCanonLanes / kTileWarps;  // 8
 static_assert(kStepsPerThread * kTileWarps * kCanonLanes == kLseTile, "a tile splits evenly over the CTA");
+
+// The warp-per-tile kernels: a lane's steps in a tile, how many of them it holds
+// in registers at once, and the tiles (warps) of a CTA.
+constexpr int kWarpTileSteps = kLseTile / kCanonLanes;  // 64
+constexpr int kWarpChunk = 8;
+constexpr int kWarpTiles = 4;
+constexpr int kWarpTileThreads = kWarpTiles * kCanonLanes;
+static_assert(kWarpTileSteps % kWarpChunk == 0, "a lane's steps split into whole chunks");
+
 // The finishing CTA joins a row's pairs in shared memory up to this many tiles
 // (1,048,576 ids); a longer row joins them in place in global memory.
 constexpr int kJoinSmemTiles = 512;
 
-// Shared memory of one tile pair (reused by the join).
+// Shared memory of one CTA-per-tile pair, reused by the finishing CTA's join
+// (join_row) or its staged top_k bests.
 struct TileSmem {
   __align__(16) float exps[kLseTile];  // (16: sample_prep stages top_k's chunk bests here in pairs)
   uint8_t kinds[kLseTile];
@@ -35,14 +52,31 @@ struct TileSmem {
 };
 static_assert(2 * kJoinSmemTiles * sizeof(LsePair) <= sizeof(float) * kLseTile, "two join levels fit the exps");
 
-// Step j of this thread: the index of its id within the tile.
-__device__ __forceinline__ int tile_step_index(int j) {
-  return (int)(threadIdx.x % kCanonLanes) + ((int)(threadIdx.x / kCanonLanes) * kStepsPerThread + j) * kCanonLanes;
-}
-
-// What a step does to its lane's sum (lse_push): nothing (-inf), add e, or
-// rescale by e and add 1 (a new running max).
-enum : uint8_t { kPushSkip = 0, kPushAdd = 1, kPushRescale = 2 };
+// A lane's lse_push sequence over its steps of a tile, a chunk at a time: the
+// running max each step meets first (compares only), then every step's
+// exponent at once, then the sums in order -- the same operations on the same
+// operands as lse_push, so its bits, with the chunk's exps in flight together.
+struct LaneLse {
+  float m = lse_neg_inf(), s = 0.0f;
+  // Pushes v[0], v[1], ... in order (-inf pushes nothing); v is overwritten.
+  template <int N>
+  __device__ __forceinline__ void push(float (&v)[N]) {
+    unsigned rises = 0, skips = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const bool up = v[j] > m;
+      rises |= (unsigned)up << j;
+      skips |= (unsigned)(v[j] == lse_neg_inf()) << j;
+      const float before = m;
+      if (up) m = v[j];
+      v[j] = canon_exp_nonpos(up ? before - v[j] : v[j] - before);
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      if (!((skips >> j) & 1)) s = ((rises >> j) & 1) ? fmaf(s, v[j], 1.0f) : s + v[j];
+  }
+  __device__ __forceinline__ LsePair pair() const { return LsePair{m, s}; }
+};
 
 // canon_tree32 over a warp's lane pairs (lane l joins lane l + off, off = 16 … 1):
 // the warp's pair in lane 0. Every lane of the warp calls it.
@@ -56,6 +90,15 @@ __device__ __forceinline__ LsePair warp_lse_join(LsePair p) {
   }
   return p;
 }
+
+// Step j of this thread: the index of its id within the tile.
+__device__ __forceinline__ int tile_step_index(int j) {
+  return (int)(threadIdx.x % kCanonLanes) + ((int)(threadIdx.x / kCanonLanes) * kStepsPerThread + j) * kCanonLanes;
+}
+
+// What a step does to its lane's sum (lse_push): nothing (-inf), add e, or
+// rescale by e and add 1 (a new running max).
+enum : uint8_t { kPushSkip = 0, kPushAdd = 1, kPushRescale = 2 };
 
 // The tile's pair from every thread's kStepsPerThread values (v[j] at
 // tile_step_index(j); -inf where the tile ends): valid in lane 0 of warp 0.
@@ -99,6 +142,27 @@ __device__ __forceinline__ LsePair tile_pair(const float (&v)[kStepsPerThread], 
   return p;
 }
 
+// Where a tile lies: slot `slot` of the CTA's `per_cta` tiles (a warp's: its
+// warp index of kWarpTiles; a CTA's: 0 of 1) in a row of n ids (or of a slice
+// of them): its index, its first id, its count of ids (0 past the row's end),
+// and how many of the CTA's tiles the row has (finished_row's share).
+struct TileSpan {
+  int64_t index, first;
+  int count, cta_tiles;
+  __device__ __forceinline__ TileSpan(int64_t n, int per_cta, int slot) {
+    const int64_t tiles = (n + kLseTile - 1) / kLseTile;
+    index = (int64_t)blockIdx.x * per_cta + slot;
+    first = index * kLseTile;
+    count = index < tiles ? (int)min((int64_t)kLseTile, n - first) : 0;
+    cta_tiles = (int)min((int64_t)per_cta, tiles - (int64_t)blockIdx.x * per_cta);
+  }
+};
+
+// The CTAs of a warp-per-tile launch over a row of n ids.
+__host__ __device__ constexpr int64_t warp_tile_ctas(int64_t n) {
+  return (n + (int64_t)kLseTile * kWarpTiles - 1) / ((int64_t)kLseTile * kWarpTiles);
+}
+
 // After this CTA's results for `mine` of row k's tiles are written: true in
 // every thread of the CTA that finished the row's last tile (then its reads of
 // the other CTAs' writes see them). Every thread must call it.
@@ -120,7 +184,7 @@ __device__ __forceinline__ bool finished_row(unsigned* done, unsigned tiles, Til
 
 // The row's tile pairs joined by lse_tree's levels (pairs 2i, 2i + 1; an odd
 // last one carried up), each level's merges across warp 0's lanes. Call from
-// warp 0 of the finishing CTA only, after the tile_pair calls are done with
+// warp 0 of the finishing CTA only, after the tiles are done with
 // sm; every lane gets the root.
 __device__ __forceinline__ LsePair join_row(LsePair* pairs, int tiles, TileSmem& sm) {
   const int lane = threadIdx.x % kCanonLanes;

@@ -19,36 +19,29 @@ namespace muser::cuda {
 namespace {
 
 constexpr int kMaxFusedIds = 4;  // chosen ids per row counted while the logits are in registers
-constexpr int kSteps = kLseTile / kCanonLanes;  // a lane's ids in a tile (64)
-constexpr int kChunkSteps = 8;                 // of them in registers at once
-constexpr int kReduceWarps = 4;                 // tiles per CTA: a warp each
 
-// grid (the slice's tiles / kReduceWarps, t), a warp per (row, tile): the
+// grid (the slice's tiles / kWarpTiles, t), a warp per (row, tile): the
 // tile's pair, stored at the tile's index in the vocabulary, and the counts of
 // its ids ranked ahead of the row's chosen ids; the CTA that finishes the row's
 // last tile (of any slice) joins the row and writes its logsumexp, chosen
 // logits and ranks -- leaving the accumulators at zero for the next launch.
 //
 // A lane's pair is lse_push's sequence over its 64 ids (l, l + 32, ...) in
-// order: per chunk of steps, the running max each step meets first (compares
-// only), then every step's exponent at once, then the sums in order -- the
-// same operations on the same operands as lse_push, so lse_tile's bits; the
+// order (LaneLse), the next chunk's loads in flight while one is reduced; the
 // lanes then join by canon_tree32's butterfly (warp_lse_join). The folded node
 // kOp is applied to each raw logit as it is loaded.
 template <EpilogueOp kOp>
-__global__ void __launch_bounds__(kReduceWarps * 32, 8) vocab_reduce_kernel(VocabReduceArgs a) {
+__global__ void __launch_bounds__(kWarpTileThreads, 8) vocab_reduce_kernel(VocabReduceArgs a) {
   pdl_launch_dependents();
   __shared__ TileSmem sm;  // the finishing CTA's join
   __shared__ unsigned rank_sum[kMaxFusedIds];
   __shared__ int64_t first_ids[kCanonLanes];
   const int lane = threadIdx.x % kCanonLanes, warp = threadIdx.x / kCanonLanes;
   const int64_t k = blockIdx.y;
-  const int64_t slice_tiles = (a.n + kLseTile - 1) / kLseTile;
-  const int64_t local_tile = (int64_t)blockIdx.x * kReduceWarps + warp;
-  const int cta_tiles = (int)min((int64_t)kReduceWarps, slice_tiles - (int64_t)blockIdx.x * kReduceWarps);
-  const int64_t local0 = local_tile * kLseTile, i0 = a.first + local0;
+  const TileSpan tile(a.n, kWarpTiles, warp);  // of the slice
+  const int64_t local0 = tile.first, i0 = a.first + local0;
   const int tiles = (int)((a.vocab + kLseTile - 1) / kLseTile);
-  const int count = local_tile < slice_tiles ? (int)min((int64_t)kLseTile, a.n - local0) : 0;
+  const int count = tile.count;
   const float* row = a.y + k * a.ld;  // the slice's logits: id first + i at row[i]
   const int fused_ids = a.m < kMaxFusedIds ? a.m : kMaxFusedIds;
   auto fold = [&](float raw) { return epilogue_op<kOp>(raw, a.fold.f0, a.fold.f1, a.fold.f2); };
@@ -67,51 +60,39 @@ __global__ void __launch_bounds__(kReduceWarps * 32, 8) vocab_reduce_kernel(Voca
   for (int q = 0; q < kMaxFusedIds; ++q)
     if (q < fused_ids) tok[q] = first_ids[q], target[q] = chosen(q, tok[q]);
   unsigned ahead[kMaxFusedIds] = {};
-  float m = lse_neg_inf(), sum = 0.0f;  // the lane's (max, sum)
+  LaneLse lane_lse;
   const float* lane_row = row + local0 + lane;
   // kFull: the tile has all kLseTile ids (no bounds per step)
   auto walk = [&](auto full) {
     constexpr bool kFull = decltype(full)::value;
-    auto fetch = [&](int c, float(&into)[kChunkSteps]) {  // raw logits of steps c ... (0 past the end)
+    auto fetch = [&](int c, float(&into)[kWarpChunk]) {  // raw logits of steps c ... (0 past the end)
 #pragma unroll
-      for (int j = 0; j < kChunkSteps; ++j)
+      for (int j = 0; j < kWarpChunk; ++j)
         into[j] = kFull || lane + (c + j) * kCanonLanes < count ? __ldg(lane_row + (c + j) * kCanonLanes) : 0.0f;
     };
-    float next[kChunkSteps];
+    float next[kWarpChunk];
     fetch(0, next);
-    for (int c = 0; c < kSteps; c += kChunkSteps) {
-      float v[kChunkSteps];
+    for (int c = 0; c < kWarpTileSteps; c += kWarpChunk) {
+      float v[kWarpChunk];
 #pragma unroll
-      for (int j = 0; j < kChunkSteps; ++j)  // -inf past the end: pushes nothing
+      for (int j = 0; j < kWarpChunk; ++j)  // -inf past the end: pushes nothing
         v[j] = kFull || lane + (c + j) * kCanonLanes < count ? fold(next[j]) : lse_neg_inf();
-      if (c + kChunkSteps < kSteps) fetch(c + kChunkSteps, next);  // in flight while this chunk is reduced
+      if (c + kWarpChunk < kWarpTileSteps) fetch(c + kWarpChunk, next);  // in flight while this chunk is reduced
 #pragma unroll
       for (int q = 0; q < kMaxFusedIds; ++q) {
         if (q >= fused_ids) break;
 #pragma unroll
-        for (int j = 0; j < kChunkSteps; ++j) {
+        for (int j = 0; j < kWarpChunk; ++j) {
           const int i = lane + (c + j) * kCanonLanes;
           ahead[q] += (kFull || i < count) && ranks_ahead(v[j], i0 + i, target[q], tok[q]);
         }
       }
-      unsigned rises = 0, skips = 0;
-#pragma unroll
-      for (int j = 0; j < kChunkSteps; ++j) {  // the max each step meets, and its exponent
-        const bool up = v[j] > m;
-        rises |= (unsigned)up << j;
-        skips |= (unsigned)(v[j] == lse_neg_inf()) << j;
-        const float before = m;
-        if (up) m = v[j];
-        v[j] = canon_exp_nonpos(up ? before - v[j] : v[j] - before);
-      }
-#pragma unroll
-      for (int j = 0; j < kChunkSteps; ++j)
-        if (!((skips >> j) & 1)) sum = ((rises >> j) & 1) ? fmaf(sum, v[j], 1.0f) : sum + v[j];
+      lane_lse.push(v);
     }
   };
   if (count == kLseTile) walk(std::true_type{});
   else walk(std::false_type{});
-  const LsePair p = warp_lse_join(LsePair{m, sum});
+  const LsePair p = warp_lse_join(lane_lse.pair());
   // rank counts: the fused ids from registers, the others in passes of their own
 #pragma unroll
   for (int q = 0; q < kMaxFusedIds; ++q) {
@@ -133,7 +114,7 @@ __global__ void __launch_bounds__(kReduceWarps * 32, 8) vocab_reduce_kernel(Voca
   __syncthreads();
   if (threadIdx.x < fused_ids && rank_sum[threadIdx.x])
     atomicAdd(a.ahead_acc + k * a.m + threadIdx.x, (unsigned long long)rank_sum[threadIdx.x]);
-  if (!finished_row(a.done + k, (unsigned)tiles, sm, (unsigned)cta_tiles) || warp != 0) return;
+  if (!finished_row(a.done + k, (unsigned)tiles, sm, (unsigned)tile.cta_tiles) || warp != 0) return;
   const LsePair root = join_row(pairs, tiles, sm);
   if (lane == 0) {
     a.lse[k] = lse_value(root);
@@ -160,16 +141,14 @@ __global__ void subtract_rows_kernel(float* y, int64_t V, int t, const float* ls
 
 size_t lse_pair_bytes() { return sizeof(LsePair); }
 
-int64_t vocab_reduce_ctas(int64_t n, int t) {
-  return (n + (int64_t)kLseTile * kReduceWarps - 1) / ((int64_t)kLseTile * kReduceWarps) * t;
-}
+int64_t vocab_reduce_ctas(int64_t n, int t) { return warp_tile_ctas(n) * t; }
 
 void vocab_reduce(const VocabReduceArgs& a, cudaStream_t stream) {
   const int64_t ctas = vocab_reduce_ctas(a.n, 1);  // per row of this slice
   if (ctas == 0 || a.t == 0) return;
   epilogue_dispatch(a.fold.op, [&](auto op) {
     launch_consumer(vocab_reduce_kernel<decltype(op)::value>, dim3((unsigned)ctas, (unsigned)a.t),
-                    dim3(kReduceWarps * 32), 0, stream, "vocab_reduce", a);
+                    dim3(kWarpTileThreads), 0, stream, "vocab_reduce", a);
   });
 }
 
