@@ -926,7 +926,7 @@ class CudaDevice final : public Device {
   bool sample_once(const float* hidden, bool hidden_on_device, int t, SampleRequest& req, bool greedy, bool by_order,
                    int id_bits, SampleResult* out) {
     DeviceScope scope(ordinal_);
-    const int64_t H = spec_.hidden, V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
+    const int64_t H = spec_.hidden, V = spec_.vocab, tiles = lse_tile_count(V);
     const SampleParams& p = req.params;
     const size_t xbytes = (size_t)t * H * sizeof(float);
     const float* x = own_hidden(hidden, hidden_on_device, xbytes, stream_);
@@ -1148,7 +1148,7 @@ class CudaDevice final : public Device {
     Scratch pairs, acc;
     // Any layout of (rows, ids) fits a zeroed buffer of enough bytes: every byte is zero at rest.
     void ensure(int rows, int ids, int64_t V, int ordinal, cudaStream_t stream) {
-      const int64_t tiles = (V + kLseTile - 1) / kLseTile;
+      const int64_t tiles = lse_tile_count(V);
       pairs.ensure((size_t)rows * tiles * lse_pair_bytes(), ordinal, "logsumexp tile pairs");
       const size_t bytes = (size_t)rows * ids * 8 + (size_t)rows * 4;
       acc.ensure_zeroed(std::max<size_t>(bytes, 8), ordinal, "vocab_reduce accumulators", stream);

@@ -88,7 +88,7 @@ __host__ __device__ constexpr bool cta_per_tile(int64_t tiles) { return tiles <=
 template <class Cta, class Warp, class... Args>
 void launch_sample_tiles(Cta cta_kernel, Warp warp_kernel, int64_t V, int rows, cudaStream_t stream, const char* what,
                          const Args&... args) {
-  const int64_t tiles = (V + kLseTile - 1) / kLseTile;
+  const int64_t tiles = lse_tile_count(V);
   if (cta_per_tile(tiles * rows))
     launch_consumer(cta_kernel, dim3((unsigned)tiles, (unsigned)rows), dim3(kTileThreads), 0, stream, what, args...);
   else
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
   const int lane = threadIdx.x % kCanonLanes, warp = threadIdx.x / kCanonLanes;
   const int64_t k = blockIdx.y;
   const TileSpan tile = kCtaTile ? TileSpan(a.V, 1, 0) : TileSpan(a.V, kWarpTiles, warp);
-  const int tiles = (int)((a.V + kLseTile - 1) / kLseTile);
+  const int tiles = (int)lse_tile_count(a.V);
   const int count = tile.count;
   const SampleParams p = cta_params(a);  // read while the route finishes
   float* x = a.x + k * a.V;
@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kTileThreads) sample_kept_best_kernel(SampleKa
   SampleResult& out = a.out[k];
   const float* x = a.x + k * a.V;
   const float neg_inf = lse_neg_inf();
-  const int tiles = (int)((a.V + kLseTile - 1) / kLseTile);
+  const int tiles = (int)lse_tile_count(a.V);
   const bool ok = out.status == kSampleOk;  // else sample_prep's verdict stands
   const float m = row_top_z(a, k);
 
@@ -505,7 +505,7 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
   const int lane = threadIdx.x % kCanonLanes, warp = threadIdx.x / kCanonLanes;
   const int64_t k = row0 + blockIdx.y;
   const TileSpan tile = kCtaTile ? TileSpan(a.V, 1, 0) : TileSpan(a.V, kWarpTiles, warp);
-  const int tiles = (int)((a.V + kLseTile - 1) / kLseTile);
+  const int tiles = (int)lse_tile_count(a.V);
   const int count = tile.count;
   __shared__ uint64_t position_s;
   if (threadIdx.x == 0) position_s = a.positions[k];
@@ -984,7 +984,7 @@ void sample_kept_pairs(const SampleKargs& a, int row0, int rows, cudaStream_t st
 }
 
 void sample_top_p_select(const SampleKargs& a, int row0, int rows, cudaStream_t stream) {
-  const unsigned tiles = (unsigned)((a.V + kLseTile - 1) / kLseTile);
+  const unsigned tiles = (unsigned)lse_tile_count(a.V);
   for (int pass = 0; pass < 2; ++pass)
     launch_consumer(sample_top_p_pass_kernel, dim3(tiles, (unsigned)rows), dim3(kTileThreads), 0, stream,
                     "sample_top_p_select", a, row0, pass);

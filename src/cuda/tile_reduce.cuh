@@ -150,7 +150,7 @@ struct TileSpan {
   int64_t index, first;
   int count, cta_tiles;
   __device__ __forceinline__ TileSpan(int64_t n, int per_cta, int slot) {
-    const int64_t tiles = (n + kLseTile - 1) / kLseTile;
+    const int64_t tiles = lse_tile_count(n);
     index = (int64_t)blockIdx.x * per_cta + slot;
     first = index * kLseTile;
     count = index < tiles ? (int)min((int64_t)kLseTile, n - first) : 0;

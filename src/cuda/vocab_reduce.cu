@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kWarpTileThreads, 8) vocab_reduce_kernel(Vocab
   const int64_t k = blockIdx.y;
   const TileSpan tile(a.n, kWarpTiles, warp);  // of the slice
   const int64_t local0 = tile.first, i0 = a.first + local0;
-  const int tiles = (int)((a.vocab + kLseTile - 1) / kLseTile);
+  const int tiles = (int)lse_tile_count(a.vocab);
   const int count = tile.count;
   const float* row = a.y + k * a.ld;  // the slice's logits: id first + i at row[i]
   const int fused_ids = a.m < kMaxFusedIds ? a.m : kMaxFusedIds;

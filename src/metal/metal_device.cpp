@@ -318,7 +318,7 @@ class MetalDevice final : public Device {
     if (hidden_resident)
       throw DeviceError("device 'metal': hidden states are host memory on Metal (unified memory); pass a host array");
     const SampleParams& p = req.params;
-    const int64_t V = spec_.vocab, tiles = (V + kLseTile - 1) / kLseTile;
+    const int64_t V = spec_.vocab, tiles = lse_tile_count(V);
     const bool greedy = !(p.temperature > 0.0f);
     const bool top_p_alone = !greedy && p.top_p < 1.0f && p.top_k == 0;
     const int k = greedy ? 0 : top_p_alone ? (int)std::min<int64_t>(kTopPAloneRanked, V) : p.top_k;
@@ -464,7 +464,7 @@ class MetalDevice final : public Device {
   TileRowsKargs reduce_kargs(int t, int m) const {
     TileRowsKargs a;
     a.V = spec_.vocab;
-    a.tiles = (spec_.vocab + kLseTile - 1) / kLseTile;
+    a.tiles = lse_tile_count(spec_.vocab);
     a.rows = t;
     a.m = m;
     return a;

@@ -28,12 +28,12 @@ namespace {
 const float kNegInf = -std::numeric_limits<float>::infinity();
 
 float row_lse(const std::vector<float>& v) {
-  std::vector<LsePair> tiles((size_t)sample_tile_count((int)v.size()) + 1);
+  std::vector<LsePair> tiles((size_t)lse_tile_count(v.size()) + 1);
   return lse_value(sample_row_pair(v.data(), (int)v.size(), tiles.data()));
 }
 
 LsePair row_pair(const std::vector<float>& v) {
-  std::vector<LsePair> tiles((size_t)sample_tile_count((int)v.size()) + 1);
+  std::vector<LsePair> tiles((size_t)lse_tile_count(v.size()) + 1);
   return sample_row_pair(v.data(), (int)v.size(), tiles.data());
 }
 

@@ -60,7 +60,7 @@ void bind_shard(nb::module_& m) {
     if (col0 < 0 || ncols < 0 || col0 + ncols > n)
       throw ArgValueError("columns [" + std::to_string(col0) + ", " + std::to_string(col0 + ncols) +
                           ") are outside the " + std::to_string(n) + " columns");
-    const int64_t tiles = (ncols + kLseTile - 1) / kLseTile;
+    const int64_t tiles = lse_tile_count(ncols);
     std::vector<float> out((size_t)(t * tiles * 2));
     {
       nb::gil_scoped_release release;

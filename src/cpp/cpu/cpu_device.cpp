@@ -259,7 +259,7 @@ class CpuDevice final : public Device {
       }
     }
 
-    const int64_t tiles = (V + kLseTile - 1) / kLseTile;
+    const int64_t tiles = lse_tile_count(V);
     std::vector<LsePair> pairs((size_t)(t * tiles));
     std::vector<std::atomic<int64_t>> ahead((size_t)(t * m));
     for (auto& a : ahead) a.store(0, std::memory_order_relaxed);

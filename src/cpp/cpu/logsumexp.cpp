@@ -58,7 +58,7 @@ LsePair lse_tile_isa(Isa isa, const float* v, int n) {
 LsePair lse_tile_cpu(const float* v, int n) { return lse_tile_isa(active_isa(), v, n); }
 
 void logsumexp_rows(const float* logits, int t, int64_t V, int threads, float* lse) {
-  const int64_t tiles = (V + kLseTile - 1) / kLseTile;
+  const int64_t tiles = lse_tile_count(V);
   std::vector<LsePair> pairs((size_t)(tiles > 0 ? tiles : 1));
   for (int r = 0; r < t; ++r) {
     const float* row = logits + (int64_t)r * V;

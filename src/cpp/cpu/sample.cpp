@@ -107,7 +107,7 @@ struct CpuSteps {
   }
   // sample_row_pair's tiles on the active ISA's twin (bit-equal to lse_tile)
   LsePair pair(const float* z, int n, LsePair* tiles) const {
-    const int count = sample_tile_count(n);
+    const int count = (int)lse_tile_count(n);
     parallel_for(count, 8, threads, [&](int64_t a, int64_t b) {
       for (int64_t k = a; k < b; ++k) {
         const int i0 = (int)k * kLseTile;
@@ -151,7 +151,7 @@ struct Scratch {
       s.z.reset(new float[(size_t)V]);
       s.raw.reset(new float[(size_t)V]);
       s.order.reset(new int32_t[(size_t)V]);
-      s.tiles.reset(new LsePair[(size_t)sample_tile_count((int)V) + 1]);
+      s.tiles.reset(new LsePair[(size_t)lse_tile_count(V) + 1]);
       s.size = V;
     }
     return s;

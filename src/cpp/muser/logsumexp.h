@@ -11,6 +11,9 @@ namespace muser {
 
 MUSER_CONSTANT constexpr int kLseTile = 2048;  // token ids per tile
 
+// The tiles of a row of n ids (the last one may be short).
+MUSER_HD int64_t lse_tile_count(int64_t n) { return (n + kLseTile - 1) / kLseTile; }
+
 // (m, s): the running max and the sum of e^(v - m) over what was seen.
 struct LsePair {
   float m;

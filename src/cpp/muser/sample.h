@@ -58,8 +58,7 @@ MUSER_HD float sample_exponential(uint64_t seed, uint64_t position, int32_t toke
 }
 
 // The canonical (max, sum) pair of a row of n values (muser/logsumexp.h:
-// tiles, lanes, the trees); `tiles` holds ceil(n / kLseTile) pairs.
-MUSER_HD int sample_tile_count(int n) { return (n + kLseTile - 1) / kLseTile; }
+// tiles, lanes, the trees); `tiles` holds lse_tile_count(n) pairs.
 template <class PZ>
 MUSER_HD LsePair sample_tile_pair(PZ z, int n, int k) {
   const int i0 = k * kLseTile;
@@ -67,7 +66,7 @@ MUSER_HD LsePair sample_tile_pair(PZ z, int n, int k) {
 }
 template <class PZ, class PT>
 MUSER_HD LsePair sample_row_pair(PZ z, int n, PT tiles) {
-  const int count = sample_tile_count(n);
+  const int count = (int)lse_tile_count(n);
   for (int k = 0; k < count; ++k) tiles[k] = sample_tile_pair(z, n, k);
   return lse_tree(tiles, count);
 }
