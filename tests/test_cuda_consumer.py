@@ -295,6 +295,42 @@ def test_device_sample_equals_host_sampling_of_the_devices_logits(files, route, 
         np.testing.assert_array_equal(bits(got.processed_logprobs), bits(cpu.processed_logprobs))
 
 
+_SPREAD_CHILD = """
+import pickle, sys
+import numpy as np
+import muser
+path, x, settings, out = pickle.load(open(sys.argv[1], "rb"))
+gpu = muser.Head.load(path, device="cuda", route="fused", acts="q8")
+draws = [gpu.sample(x, seed=5, positions=np.arange(len(x)) + 9, **kw) for kw in settings]
+pickle.dump([tuple(np.asarray(f).tobytes() for f in d) for d in draws], open(out, "wb"))
+"""
+
+
+@pytest.mark.parametrize("spread", ["0", "1", "3"])
+def test_spreading_sample_tiles_over_the_sms_changes_no_bit(files, tmp_path, spread):
+    # MUSER_SAMPLE_SPREAD (sample.cu, spread_smem) sets only the shared memory a CTA-per-tile
+    # sample launch asks for, so how many of its CTAs share a SM: every field of every
+    # draw is the same bits as this process's (the default: one to a SM, a grid of one wave)
+    import os
+    import pickle
+    import subprocess
+    import sys
+    path = files("Q5_K", 5003)
+    x = hidden_states(256, 6, seed=31)
+    settings = SAMPLE_SETTINGS
+    gpu = muser.Head.load(path, device="cuda", route="fused", acts="q8")
+    here = [tuple(np.asarray(f).tobytes() for f in gpu.sample(x, seed=5, positions=np.arange(6) + 9, **kw))
+            for kw in settings]
+    args = tmp_path / "args.pkl"
+    pickle.dump((path, x, settings, str(tmp_path / "out.pkl")), open(args, "wb"))
+    subprocess.run([sys.executable, "-c", _SPREAD_CHILD, str(args)], check=True,
+                   env=dict(os.environ, MUSER_SAMPLE_SPREAD=spread))
+    there = pickle.load(open(tmp_path / "out.pkl", "rb"))
+    assert len(there) == len(here) > 10
+    for kw, a, b in zip(settings, here, there):
+        assert a == b, kw
+
+
 CTA_TILE_MAX_TILES = 2048  # kCtaTileMaxTiles (sample.cu): sampling runs a CTA per tile up to this many tiles a launch
 
 

@@ -30,6 +30,10 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "cuda_check.h"
 #include "epilogue.cuh"
@@ -84,13 +88,67 @@ __device__ __forceinline__ int64_t top_k_chunks(int64_t V) {
 constexpr int64_t kCtaTileMaxTiles = 2048;
 __host__ __device__ constexpr bool cta_per_tile(int64_t tiles) { return tiles <= kCtaTileMaxTiles; }
 
+// Dynamic shared memory (never used) that spreads a CTA-per-tile launch of
+// `ctas` <= SMs over the SMs, one CTA of it to a SM (MUSER_SAMPLE_SPREAD=n: n
+// to a SM at any size, 0: none asked; for measuring). A short grid launched
+// behind the route (PDL) is otherwise packed four CTAs to a SM on the SMs that
+// free first, and a tile's work is long: sample_prep's 99 tiles of one row of
+// the seed's vocabulary ran on 26 of an H100's 132 SMs, top_p's passes on 34
+// and 66, sample_kept on 38; one to a SM took 5-7 us off a top_p draw's chain
+// (docs/performance.md, "Where a t = 1 draw's GPU time goes"). A grid of more
+// waves is left alone: at t = 8 (792 CTAs) six to a SM instead of eight lost
+// 46 us. The kernel's limit on dynamic shared memory is raised once per
+// (kernel, device).
+size_t spread_smem(const void* kernel, int64_t ctas) {
+  static const int setting = [] {
+    const char* e = std::getenv("MUSER_SAMPLE_SPREAD");
+    return e ? std::max(0, std::atoi(e)) : -1;
+  }();
+  if (setting == 0) return 0;
+  struct Fit {
+    int sms, sm_bytes, reserved, kernel_static;
+  };
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, Fit> fits;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  Fit f;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = fits.find({kernel, dev});
+    if (it == fits.end()) {
+      int optin = 0;
+      cudaFuncAttributes fa{};
+      check(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SM count)");
+      check(cudaDeviceGetAttribute(&f.sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
+            "cudaDeviceGetAttribute(shared memory per SM)");
+      check(cudaDeviceGetAttribute(&f.reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev),
+            "cudaDeviceGetAttribute(reserved shared memory)");
+      check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+            "cudaDeviceGetAttribute(shared memory per block)");
+      check(cudaFuncGetAttributes(&fa, kernel), "cudaFuncGetAttributes(a sample kernel)");
+      f.kernel_static = (int)fa.sharedSizeBytes;
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - f.kernel_static),
+            "cudaFuncSetAttribute(a sample kernel's shared memory)");
+      it = fits.emplace(std::make_pair(kernel, dev), f).first;
+    }
+    f = it->second;
+  }
+  if (setting < 0 && ctas > f.sms) return 0;
+  const int64_t per_sm = setting > 0 ? setting : 1;
+  // one CTA more than per_sm overflows the SM (allocation granules: 128 B)
+  const int64_t bytes = f.sm_bytes / (per_sm + 1) + 128 - f.reserved - f.kernel_static;
+  return bytes > 0 ? (size_t)bytes : 0;
+}
+
 // The launch of a sample kernel over `rows` rows of V ids in the shape above.
 template <class Cta, class Warp, class... Args>
 void launch_sample_tiles(Cta cta_kernel, Warp warp_kernel, int64_t V, int rows, cudaStream_t stream, const char* what,
                          const Args&... args) {
   const int64_t tiles = lse_tile_count(V);
   if (cta_per_tile(tiles * rows))
-    launch_consumer(cta_kernel, dim3((unsigned)tiles, (unsigned)rows), dim3(kTileThreads), 0, stream, what, args...);
+    launch_consumer(cta_kernel, dim3((unsigned)tiles, (unsigned)rows), dim3(kTileThreads),
+                    spread_smem((const void*)cta_kernel, tiles * rows), stream, what, args...);
   else
     launch_consumer(warp_kernel, dim3((unsigned)warp_tile_ctas(V), (unsigned)rows), dim3(kWarpTileThreads), 0, stream,
                     what, args...);
@@ -153,9 +211,14 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
   if constexpr (kCtaTile) {
     float v[kStepsPerThread];
 #pragma unroll
+    for (int j = 0; j < kStepsPerThread; ++j) {  // every load in flight before the first token's stores
+      const int i = tile_step_index(j);
+      v[j] = i < count ? x[tile.first + i] : 0.0f;
+    }
+#pragma unroll
     for (int j = 0; j < kStepsPerThread; ++j) {
       const int i = tile_step_index(j);
-      v[j] = i < count ? token((int)tile.first + i, x[tile.first + i], sel[0]) : neg_inf;
+      v[j] = i < count ? token((int)tile.first + i, v[j], sel[0]) : neg_inf;
     }
     pair = tile_pair(v, sm);
   } else {
@@ -236,29 +299,31 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
     __syncthreads();  // the staged bests' shared memory becomes join_row's
   }
   if (warp != 0) return;
+  // what lane 0 finishes the row from, in flight while the warp joins the pairs
+  const unsigned long long top_key = __ldcg(&row.top_key);
+  const unsigned bad_key = __ldcg(&row.bad);
+  const bool greedy = !(p.temperature > 0.0f);
+  const float x_top = greedy && top_key ? __ldcg(x + logit_key_id(top_key)) : 0.0f;  // another CTA's write, folded
   const LsePair root = join_row(a.pairs_a + k * tiles, tiles, sm);
   if (lane != 0) return;
   a.done[k] = 0;
   const float lse_row = lse_value(root);
   row.row_lse = lse_row;
-  SampleResult& r = a.out[k];
-  const unsigned long long top_key = __ldcg(&row.top_key);
-  const unsigned bad_key = __ldcg(&row.bad);
-  r = SampleResult{kSampleOk, 0, 0.0f, 0.0f, 0.0f};
+  SampleResult r{kSampleOk, 0, 0.0f, 0.0f, 0.0f};
   if (bad_key) {
     r.status = kSampleNonFinite;
     r.token = (int32_t)logit_key_id(bad_key);
   } else if (!top_key) {
     r.status = kSampleEmpty;
     r.token = -1;
-  } else if (!(p.temperature > 0.0f)) {  // greedy: the kept set is the top token alone (sample_raw_side)
+  } else if (greedy) {  // the kept set is the top token alone (sample_raw_side)
     r.token = (int32_t)logit_key_id(top_key);
-    const float xt = __ldcg(x + r.token);  // another CTA's write, when the node is folded
-    const float d = xt - lse_row;
-    r.logprob = xt - lse_row;
+    const float d = x_top - lse_row;
+    r.logprob = x_top - lse_row;
     r.kept_mass = canon_exp_nonpos(d < 0.0f ? d : 0.0f);
   }
-  if (!(p.temperature > 0.0f)) {  // greedy rows end here
+  a.out[k] = r;
+  if (greedy) {  // greedy rows end here
     a.result[k] = r;
     row = SampleRowState{};
   }
@@ -525,13 +590,13 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
   }
   const bool z_pair = a.kept_z_pair, raw_pair = a.kept_raw_pair;
   unsigned long long race = 0;
-  // one token (zi: its z): whether it is kept (zk, xk: its z and raw logit, or
-  // -inf), and its clock in the race
-  auto token = [&](int id, float zi, float& zk, float& xk) {
+  // one token (zi: its z; raw(): its raw logit): whether it is kept (zk, xk:
+  // its z and raw logit, or -inf), and its clock in the race
+  auto token = [&](int id, float zi, auto raw, float& zk, float& xk) {
     bool kept = zi != neg_inf && within_cut(row, zi, id);
     if (kept && p.min_p > 0.0f && canon_exp_nonpos(zi - m) < p.min_p) kept = false;
     zk = kept ? zi : neg_inf;
-    xk = kept && raw_pair ? __ldg(x + id) : neg_inf;
+    xk = kept && raw_pair ? raw() : neg_inf;
     if (!kept || zi - m < z_floor) return;
     const float key = sample_race_key(zi, m, p.seed, position, id);
     const unsigned long long packed = logit_key(key, id);  // ranked as a logit: larger, then lower id
@@ -541,10 +606,17 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
   if constexpr (kCtaTile) {
     float zk[kStepsPerThread], xk[kStepsPerThread];
 #pragma unroll
+    for (int j = 0; j < kStepsPerThread; ++j) {  // every load in flight before the first token
+      const int i = tile_step_index(j);
+      zk[j] = i < count ? __ldg(z + tile.first + i) : neg_inf;
+      xk[j] = i < count && raw_pair ? __ldg(x + tile.first + i) : neg_inf;
+    }
+#pragma unroll
     for (int j = 0; j < kStepsPerThread; ++j) {
       const int i = tile_step_index(j);
-      zk[j] = xk[j] = neg_inf;
-      if (i < count) token((int)tile.first + i, __ldg(z + tile.first + i), zk[j], xk[j]);
+      const float xi = xk[j];
+      xk[j] = neg_inf;
+      if (i < count) token((int)tile.first + i, zk[j], [&] { return xi; }, zk[j], xk[j]);
     }
     if (z_pair) zpair = tile_pair(zk, sm);  // uniform over the CTA: every thread calls or none
     if (raw_pair) xpair = tile_pair(xk, sm);
@@ -565,7 +637,10 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
       for (int j = 0; j < kWarpChunk; ++j) zk[j] = next[j];
       if (c + kWarpChunk < kWarpTileSteps) fetch(c + kWarpChunk, next);  // in flight while this chunk is processed
 #pragma unroll
-      for (int j = 0; j < kWarpChunk; ++j) token((int)tile.first + lane + (c + j) * kCanonLanes, zk[j], zk[j], xk[j]);
+      for (int j = 0; j < kWarpChunk; ++j) {
+        const int id = (int)tile.first + lane + (c + j) * kCanonLanes;
+        token(id, zk[j], [&] { return __ldg(x + id); }, zk[j], xk[j]);
+      }
       if (z_pair) zl.push(zk);
       if (raw_pair) xl.push(xk);
     }
@@ -584,6 +659,21 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
     if (race) atomicMax(&a.rows[k].race_key, race);
   }
   if (!finished_row(a.done + k, (unsigned)tiles, sm, (unsigned)tile.cta_tiles)) return;
+  // what thread 0 finishes the draw from, in flight while warps 0 and 1 join the pairs
+  SampleRowState& r = a.rows[k];
+  SampleResult out{};
+  unsigned long long race_key = 0;
+  float row_lse = 0.0f, z_won = 0.0f, x_won = 0.0f;
+  if (threadIdx.x == 0) {
+    out = a.out[k];
+    race_key = __ldcg(&r.race_key);
+    row_lse = r.row_lse;
+    if (out.status == kSampleOk) {
+      out.token = (int32_t)logit_key_id(race_key);
+      z_won = z[out.token];
+      x_won = x[out.token];
+    }
+  }
   if (warp == 0 && z_pair) {
     const LsePair root = join_row(a.pairs_a + k * tiles, tiles, sm);
     if (lane == 0) roots[0] = root;
@@ -596,16 +686,13 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
   if (threadIdx.x != 0) return;
   const LsePair kept_pair = z_pair ? roots[0] : lse_empty(), raw_root = raw_pair ? roots[1] : lse_empty();
   a.done[k] = 0;
-  SampleRowState& r = a.rows[k];
-  SampleResult& out = a.out[k];
   if (out.status == kSampleOk) {  // else sample_prep's verdict stands
-    const unsigned long long race_key = __ldcg(&r.race_key);
-    out.token = (int32_t)logit_key_id(race_key);
-    out.processed_logprob = z[out.token] - (z_pair ? lse_value(kept_pair) : r.row_lse);
-    const float d = (raw_pair ? lse_value(raw_root) : r.row_lse) - r.row_lse;  // sample_raw_side
-    out.logprob = x[out.token] - r.row_lse;
+    out.processed_logprob = z_won - (z_pair ? lse_value(kept_pair) : row_lse);
+    const float d = (raw_pair ? lse_value(raw_root) : row_lse) - row_lse;  // sample_raw_side
+    out.logprob = x_won - row_lse;
     out.kept_mass = canon_exp_nonpos(d < 0.0f ? d : 0.0f);
   }
+  a.out[k] = out;
   a.result[k] = out;  // the row's last kernel
   r = SampleRowState{};
 }
@@ -664,6 +751,30 @@ __device__ __forceinline__ int top_p_width(const SampleKargs& a, const TopPRegio
   return left < kTopPDigitBits ? left : kTopPDigitBits;
 }
 
+// One token of top_p_scan (id, its z): its weight into the shared bins or its
+// (key, weight) into the candidates.
+__device__ __forceinline__ void top_p_token(const SampleKargs& a, const SampleRowState& st, const TopPRegion& g, int id,
+                                            float zi, float m, int key_bits, int width, int shift, TopPSmem& sm,
+                                            unsigned* n, unsigned long long* cand) {
+  if (zi == lse_neg_inf() || !within_cut(st, zi, id)) return;
+  const int dbin = top_p_dbin(zi, m);
+  int bin = dbin;
+  if (g.phase != kTopPStart) {
+    if (dbin != g.dbin) return;
+    const unsigned long long key = order_key(a, zi, id);
+    if (g.bits > 0 && (key >> (key_bits - g.bits)) != g.prefix) return;
+    if (g.phase == kTopPCollect) {
+      const unsigned at = atomicAdd(n, 1u);  // < kTopPCandidates: the region's count
+      cand[2 * at] = key;
+      cand[2 * at + 1] = sample_top_p_weight(zi, m);
+      return;
+    }
+    bin = (int)((key >> shift) & ((1u << width) - 1));
+  }
+  atomicAdd(&sm.bins.mass[bin], (unsigned long long)sample_top_p_weight(zi, m));
+  atomicAdd(&sm.bins.count[bin], 1u);
+}
+
 // This thread's ids i0 + threadIdx.x, + kTileThreads, ... < i1 of row z: the
 // region's weights into the shared bins (Start, Refine) or its candidates
 // into cand, counted by *n (Collect). The bins are zero before; sync after.
@@ -671,26 +782,18 @@ __device__ __forceinline__ void top_p_scan(const SampleKargs& a, const SampleRow
                                            const float* z, float m, int64_t i0, int64_t i1, TopPSmem& sm, unsigned* n,
                                            unsigned long long* cand) {
   const int key_bits = 32 + a.id_bits, width = top_p_width(a, g), shift = key_bits - g.bits - width;
-  for (int64_t i = i0 + threadIdx.x; i < i1; i += kTileThreads) {
-    const int id = (int)i;
-    const float zi = z[id];
-    if (zi == lse_neg_inf() || !within_cut(st, zi, id)) continue;
-    const int dbin = top_p_dbin(zi, m);
-    int bin = dbin;
-    if (g.phase != kTopPStart) {
-      if (dbin != g.dbin) continue;
-      const unsigned long long key = order_key(a, zi, id);
-      if (g.bits > 0 && (key >> (key_bits - g.bits)) != g.prefix) continue;
-      if (g.phase == kTopPCollect) {
-        const unsigned at = atomicAdd(n, 1u);  // < kTopPCandidates: the region's count
-        cand[2 * at] = key;
-        cand[2 * at + 1] = sample_top_p_weight(zi, m);
-        continue;
-      }
-      bin = (int)((key >> shift) & ((1u << width) - 1));
+  // a tile's worth of ids at a time, every load of it in flight before the first
+  // token's bins (one round trip to L2 where a load per id waited on the last)
+  for (int64_t base = i0 + threadIdx.x; base < i1; base += (int64_t)kStepsPerThread * kTileThreads) {
+    float zs[kStepsPerThread];
+#pragma unroll
+    for (int j = 0; j < kStepsPerThread; ++j) {
+      const int64_t i = base + (int64_t)j * kTileThreads;
+      zs[j] = i < i1 ? z[i] : lse_neg_inf();
     }
-    atomicAdd(&sm.bins.mass[bin], (unsigned long long)sample_top_p_weight(zi, m));
-    atomicAdd(&sm.bins.count[bin], 1u);
+#pragma unroll
+    for (int j = 0; j < kStepsPerThread; ++j)
+      top_p_token(a, st, g, (int)(base + (int64_t)j * kTileThreads), zs[j], m, key_bits, width, shift, sm, n, cand);
   }
 }
 
@@ -852,18 +955,17 @@ __global__ void __launch_bounds__(kTileThreads) sample_top_p_pass_kernel(SampleK
   unsigned long long v[kTopPPerThread];
   unsigned c[kTopPPerThread];
   if (bins) {
-    top_p_take_bins(
-        [&](int b) {
-          const unsigned long long x = __ldcg(&gmass[b]);
-          gmass[b] = 0;  // zero at rest for the next pass and call
-          return x;
-        },
-        [&](int b) {
-          const unsigned x = __ldcg(&gcount[b]);
-          gcount[b] = 0;
-          return x;
-        },
-        g.phase == kTopPStart, width, v, c);
+    const bool ascending = g.phase == kTopPStart;
+    top_p_take_bins([&](int b) { return __ldcg(&gmass[b]); }, [&](int b) { return __ldcg(&gcount[b]); }, ascending,
+                    width, v, c);
+#pragma unroll
+    for (int i = 0; i < kTopPPerThread; ++i) {  // the bins it took, zero at rest for the next pass and call
+      const int pos = threadIdx.x * kTopPPerThread + i, b = ascending ? pos : (1 << width) - 1 - pos;
+      if (b >= 0) {
+        gmass[b] = 0;
+        gcount[b] = 0;
+      }
+    }
     top_p_pick(v, c, p.top_p, width, sm, g);
     if (pass == 0) {  // the second grid collects (or refines) the region
       if (threadIdx.x == 0) {
@@ -986,7 +1088,8 @@ void sample_kept_pairs(const SampleKargs& a, int row0, int rows, cudaStream_t st
 void sample_top_p_select(const SampleKargs& a, int row0, int rows, cudaStream_t stream) {
   const unsigned tiles = (unsigned)lse_tile_count(a.V);
   for (int pass = 0; pass < 2; ++pass)
-    launch_consumer(sample_top_p_pass_kernel, dim3(tiles, (unsigned)rows), dim3(kTileThreads), 0, stream,
+    launch_consumer(sample_top_p_pass_kernel, dim3(tiles, (unsigned)rows), dim3(kTileThreads),
+                    spread_smem((const void*)sample_top_p_pass_kernel, (int64_t)tiles * rows), stream,
                     "sample_top_p_select", a, row0, pass);
 }
 

@@ -41,6 +41,7 @@ static_assert(kWarpTileSteps % kWarpChunk == 0, "a lane's steps split into whole
 // The finishing CTA joins a row's pairs in shared memory up to this many tiles
 // (1,048,576 ids); a longer row joins them in place in global memory.
 constexpr int kJoinSmemTiles = 512;
+static_assert(kJoinSmemTiles % kCanonLanes == 0, "join_row's lanes load whole rounds");
 
 // Shared memory of one CTA-per-tile pair, reused by the finishing CTA's join
 // (join_row) or its staged top_k bests.
@@ -192,7 +193,18 @@ __device__ __forceinline__ LsePair join_row(LsePair* pairs, int tiles, TileSmem&
   if (tiles <= kJoinSmemTiles) {
     LsePair* from = reinterpret_cast<LsePair*>(sm.exps);
     LsePair* to = from + kJoinSmemTiles;
-    for (int i = lane; i < tiles; i += kCanonLanes) from[i] = LsePair{__ldcg(&pairs[i].m), __ldcg(&pairs[i].s)};
+    constexpr int kPerLane = kJoinSmemTiles / kCanonLanes;
+    LsePair got[kPerLane];  // every load in flight before the first store
+#pragma unroll
+    for (int q = 0; q < kPerLane; ++q) {
+      const int i = lane + q * kCanonLanes;
+      if (i < tiles) got[q] = LsePair{__ldcg(&pairs[i].m), __ldcg(&pairs[i].s)};
+    }
+#pragma unroll
+    for (int q = 0; q < kPerLane; ++q) {
+      const int i = lane + q * kCanonLanes;
+      if (i < tiles) from[i] = got[q];
+    }
     __syncwarp();
     int n = tiles;
     while (n > 1) {
