@@ -222,21 +222,8 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
     }
     pair = tile_pair(v, sm);
   } else {
-    auto fetch = [&](int c, float(&into)[kWarpChunk]) {  // raw logits of steps c ... (0 past the end)
-#pragma unroll
-      for (int j = 0; j < kWarpChunk; ++j) {
-        const int i = lane + (c + j) * kCanonLanes;
-        into[j] = i < count ? x[tile.first + i] : 0.0f;
-      }
-    };
     LaneLse lse;
-    float next[kWarpChunk];
-    fetch(0, next);
-    for (int c = 0; c < kWarpTileSteps; c += kWarpChunk) {
-      float v[kWarpChunk];
-#pragma unroll
-      for (int j = 0; j < kWarpChunk; ++j) v[j] = next[j];
-      if (c + kWarpChunk < kWarpTileSteps) fetch(c + kWarpChunk, next);  // in flight while this chunk is processed
+    lane_chunks(count, 0.0f, [&](int i) { return x[tile.first + i]; }, [&](int c, float(&v)[kWarpChunk]) {
       unsigned long long chunk_sel = 0;
 #pragma unroll
       for (int j = 0; j < kWarpChunk; ++j) {
@@ -246,7 +233,7 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
       if (c < kWarpTileSteps / 2) sel[0] = chunk_sel > sel[0] ? chunk_sel : sel[0];
       else sel[1] = chunk_sel > sel[1] ? chunk_sel : sel[1];
       lse.push(v);
-    }
+    });
     pair = warp_lse_join(lse.pair());
   }
   top = warp_max(top);
@@ -621,21 +608,9 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
     if (z_pair) zpair = tile_pair(zk, sm);  // uniform over the CTA: every thread calls or none
     if (raw_pair) xpair = tile_pair(xk, sm);
   } else {
-    auto fetch = [&](int c, float(&into)[kWarpChunk]) {  // z of steps c ... (-inf past the end)
-#pragma unroll
-      for (int j = 0; j < kWarpChunk; ++j) {
-        const int i = lane + (c + j) * kCanonLanes;
-        into[j] = i < count ? __ldg(z + tile.first + i) : neg_inf;
-      }
-    };
     LaneLse zl, xl;
-    float next[kWarpChunk];
-    fetch(0, next);
-    for (int c = 0; c < kWarpTileSteps; c += kWarpChunk) {
-      float zk[kWarpChunk], xk[kWarpChunk];
-#pragma unroll
-      for (int j = 0; j < kWarpChunk; ++j) zk[j] = next[j];
-      if (c + kWarpChunk < kWarpTileSteps) fetch(c + kWarpChunk, next);  // in flight while this chunk is processed
+    lane_chunks(count, neg_inf, [&](int i) { return __ldg(z + tile.first + i); }, [&](int c, float(&zk)[kWarpChunk]) {
+      float xk[kWarpChunk];
 #pragma unroll
       for (int j = 0; j < kWarpChunk; ++j) {
         const int id = (int)tile.first + lane + (c + j) * kCanonLanes;
@@ -643,7 +618,7 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
       }
       if (z_pair) zl.push(zk);
       if (raw_pair) xl.push(xk);
-    }
+    });
     if (z_pair) zpair = warp_lse_join(zl.pair());
     if (raw_pair) xpair = warp_lse_join(xl.pair());
   }

@@ -5,7 +5,7 @@
 // then the lanes join by canon_tree32's butterfly (warp_lse_join); the same
 // operations on the same operands as lse_push, so the CPU's bits. Two shapes:
 //
-//   warp per tile  a warp walks its tile a chunk of steps at a time (LaneLse),
+//   warp per tile  a warp walks its tile a chunk of steps at a time (lane_chunks, LaneLse),
 //                  kWarpTiles tiles to a CTA: few threads per tile, for
 //                  launches with many tiles (vocab_reduce always: its work per
 //                  id is a load and an exp);
@@ -78,6 +78,31 @@ struct LaneLse {
   }
   __device__ __forceinline__ LsePair pair() const { return LsePair{m, s}; }
 };
+
+// A lane's steps of its tile (ids lane, lane + 32, ... < count: step s at index
+// lane + 32 s) walked a chunk of kWarpChunk steps at a time, the next chunk's
+// loads in flight while body(c, v) takes this one (v: steps c .. c + 7, `fill`
+// past the end; load(i) reads index i). kFull: the tile has every id, no bounds.
+template <bool kFull = false, class Load, class Body>
+__device__ __forceinline__ void lane_chunks(int count, float fill, Load load, Body body) {
+  const int lane = threadIdx.x % kCanonLanes;
+  auto fetch = [&](int c, float(&into)[kWarpChunk]) {
+#pragma unroll
+    for (int j = 0; j < kWarpChunk; ++j) {
+      const int i = lane + (c + j) * kCanonLanes;
+      into[j] = kFull || i < count ? load(i) : fill;
+    }
+  };
+  float next[kWarpChunk];
+  fetch(0, next);
+  for (int c = 0; c < kWarpTileSteps; c += kWarpChunk) {
+    float v[kWarpChunk];
+#pragma unroll
+    for (int j = 0; j < kWarpChunk; ++j) v[j] = next[j];
+    if (c + kWarpChunk < kWarpTileSteps) fetch(c + kWarpChunk, next);  // in flight while body takes this chunk
+    body(c, v);
+  }
+}
 
 // canon_tree32 over a warp's lane pairs (lane l joins lane l + off, off = 16 … 1):
 // the warp's pair in lane 0. Every lane of the warp calls it.

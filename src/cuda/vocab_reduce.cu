@@ -61,23 +61,14 @@ __global__ void __launch_bounds__(kWarpTileThreads, 8) vocab_reduce_kernel(Vocab
     if (q < fused_ids) tok[q] = first_ids[q], target[q] = chosen(q, tok[q]);
   unsigned ahead[kMaxFusedIds] = {};
   LaneLse lane_lse;
-  const float* lane_row = row + local0 + lane;
+  const float* tile_row = row + local0;
   // kFull: the tile has all kLseTile ids (no bounds per step)
   auto walk = [&](auto full) {
     constexpr bool kFull = decltype(full)::value;
-    auto fetch = [&](int c, float(&into)[kWarpChunk]) {  // raw logits of steps c ... (0 past the end)
-#pragma unroll
-      for (int j = 0; j < kWarpChunk; ++j)
-        into[j] = kFull || lane + (c + j) * kCanonLanes < count ? __ldg(lane_row + (c + j) * kCanonLanes) : 0.0f;
-    };
-    float next[kWarpChunk];
-    fetch(0, next);
-    for (int c = 0; c < kWarpTileSteps; c += kWarpChunk) {
-      float v[kWarpChunk];
+    lane_chunks<kFull>(count, 0.0f, [&](int i) { return __ldg(tile_row + i); }, [&](int c, float(&v)[kWarpChunk]) {
 #pragma unroll
       for (int j = 0; j < kWarpChunk; ++j)  // -inf past the end: pushes nothing
-        v[j] = kFull || lane + (c + j) * kCanonLanes < count ? fold(next[j]) : lse_neg_inf();
-      if (c + kWarpChunk < kWarpTileSteps) fetch(c + kWarpChunk, next);  // in flight while this chunk is reduced
+        v[j] = kFull || lane + (c + j) * kCanonLanes < count ? fold(v[j]) : lse_neg_inf();
 #pragma unroll
       for (int q = 0; q < kMaxFusedIds; ++q) {
         if (q >= fused_ids) break;
@@ -88,7 +79,7 @@ __global__ void __launch_bounds__(kWarpTileThreads, 8) vocab_reduce_kernel(Vocab
         }
       }
       lane_lse.push(v);
-    }
+    });
   };
   if (count == kLseTile) walk(std::true_type{});
   else walk(std::false_type{});
