@@ -837,15 +837,20 @@ __device__ __forceinline__ void top_p_pick(const unsigned long long (&v)[kTopPPe
   __syncthreads();
 }
 
-// The bins in the order, this thread's slice (Start: ascending d-bins; Refine:
-// descending digits, of `width` bits), from mass / count, which it zeroes.
+// The bin at item i of this thread's slice of the order (Start: ascending
+// d-bins; Refine: descending digits, of `width` bits); negative past the digits.
+__device__ __forceinline__ int top_p_slice_bin(int i, bool ascending, int width) {
+  const int pos = threadIdx.x * kTopPPerThread + i;
+  return ascending ? pos : (1 << width) - 1 - pos;
+}
+
+// The bins in the order, this thread's slice (top_p_slice_bin), from mass / count.
 template <class PM, class PC>
 __device__ __forceinline__ void top_p_take_bins(PM mass, PC count, bool ascending, int width,
                                                 unsigned long long (&v)[kTopPPerThread], unsigned (&c)[kTopPPerThread]) {
 #pragma unroll
   for (int i = 0; i < kTopPPerThread; ++i) {
-    const int pos = threadIdx.x * kTopPPerThread + i;
-    const int b = ascending ? pos : (1 << width) - 1 - pos;
+    const int b = top_p_slice_bin(i, ascending, width);
     v[i] = 0;
     c[i] = 0;
     if (b >= 0) {
@@ -935,7 +940,7 @@ __global__ void __launch_bounds__(kTileThreads) sample_top_p_pass_kernel(SampleK
                     width, v, c);
 #pragma unroll
     for (int i = 0; i < kTopPPerThread; ++i) {  // the bins it took, zero at rest for the next pass and call
-      const int pos = threadIdx.x * kTopPPerThread + i, b = ascending ? pos : (1 << width) - 1 - pos;
+      const int b = top_p_slice_bin(i, ascending, width);
       if (b >= 0) {
         gmass[b] = 0;
         gcount[b] = 0;
