@@ -711,6 +711,9 @@ union TopPSmem {
     unsigned long long mass[kTopPBins];
     unsigned count[kTopPBins];
   } bins;
+  struct {  // a tile's bins (top_p_scan<true>): the mass in halves, the count where bins' is
+    unsigned high[kTopPBins], low[kTopPBins], count[kTopPBins];
+  } tile;
   typename TopPScan::TempStorage scan;
 };
 
@@ -726,8 +729,20 @@ __device__ __forceinline__ int top_p_width(const SampleKargs& a, const TopPRegio
   return left < kTopPDigitBits ? left : kTopPDigitBits;
 }
 
+// A tile's bins (one CTA's scan of at most kLseTile ids) keep each bin's mass
+// as two 32-bit sums, of its weights' high and low kTopPLowBits bits: adds
+// the SM does in one instruction, where a 64-bit add in shared memory is a
+// compare-and-swap loop that the tokens of one bin retry in turn. A weight is
+// at most 2^38 (sample_top_p_fixed's scale), so neither half's sum over a
+// tile overflows. Scans of a whole row keep 64-bit masses.
+constexpr int kTopPLowBits = 19;
+static_assert((double)kLseTile * (1u << kTopPLowBits) <= 4294967295.0 &&
+                  (double)kLseTile * (kTopPScale / (1u << kTopPLowBits)) <= 4294967295.0,
+              "a tile's sums of either half fit 32 bits");
+
 // One token of top_p_scan (id, its z): its weight into the shared bins or its
 // (key, weight) into the candidates.
+template <bool kTileBins>
 __device__ __forceinline__ void top_p_token(const SampleKargs& a, const SampleRowState& st, const TopPRegion& g, int id,
                                             float zi, float m, int key_bits, int width, int shift, TopPSmem& sm,
                                             unsigned* n, unsigned long long* cand) {
@@ -746,13 +761,23 @@ __device__ __forceinline__ void top_p_token(const SampleKargs& a, const SampleRo
     }
     bin = (int)((key >> shift) & ((1u << width) - 1));
   }
-  atomicAdd(&sm.bins.mass[bin], (unsigned long long)sample_top_p_weight(zi, m));
-  atomicAdd(&sm.bins.count[bin], 1u);
+  const unsigned long long w = sample_top_p_weight(zi, m);
+  if (kTileBins) {
+    const unsigned high = (unsigned)(w >> kTopPLowBits);
+    if (high) atomicAdd(&sm.tile.high[bin], high);  // 0 for most of a row's tail
+    atomicAdd(&sm.tile.low[bin], (unsigned)w & ((1u << kTopPLowBits) - 1));
+    atomicAdd(&sm.tile.count[bin], 1u);
+  } else {
+    atomicAdd(&sm.bins.mass[bin], w);
+    atomicAdd(&sm.bins.count[bin], 1u);
+  }
 }
 
 // This thread's ids i0 + threadIdx.x, + kTileThreads, ... < i1 of row z: the
-// region's weights into the shared bins (Start, Refine) or its candidates
-// into cand, counted by *n (Collect). The bins are zero before; sync after.
+// region's weights into the shared bins (Start, Refine; kTileBins: one tile's,
+// sm.tile) or its candidates into cand, counted by *n (Collect). The bins are
+// zero before; sync after.
+template <bool kTileBins>
 __device__ __forceinline__ void top_p_scan(const SampleKargs& a, const SampleRowState& st, const TopPRegion& g,
                                            const float* z, float m, int64_t i0, int64_t i1, TopPSmem& sm, unsigned* n,
                                            unsigned long long* cand) {
@@ -768,16 +793,21 @@ __device__ __forceinline__ void top_p_scan(const SampleKargs& a, const SampleRow
     }
 #pragma unroll
     for (int j = 0; j < kStepsPerThread; ++j)
-      top_p_token(a, st, g, (int)(base + (int64_t)j * kTileThreads), zs[j], m, key_bits, width, shift, sm, n, cand);
+      top_p_token<kTileBins>(a, st, g, (int)(base + (int64_t)j * kTileThreads), zs[j], m, key_bits, width, shift, sm, n,
+                           cand);
   }
 }
 
+// Zero bins for a scan; sm.tile's are the same bytes as sm.bins'.
 __device__ __forceinline__ void top_p_zero_bins(TopPSmem& sm) {
   for (int b = threadIdx.x; b < kTopPBins; b += kTileThreads) {
     sm.bins.mass[b] = 0;
     sm.bins.count[b] = 0;
   }
 }
+static_assert(sizeof(TopPSmem::tile) == sizeof(TopPSmem::bins) &&
+                  offsetof(TopPSmem, tile.count) == offsetof(TopPSmem, bins.count),
+              "zeroing bins zeroes a tile's bins");
 
 // In a finishing CTA (every thread calls it): v[kTopPPerThread] is this
 // thread's consecutive slice of the order; the one item where the prefix mass
@@ -921,13 +951,13 @@ __global__ void __launch_bounds__(kTileThreads) sample_top_p_pass_kernel(SampleK
     top_p_zero_bins(sm);
     __syncthreads();
   }
-  top_p_scan(a, st, g, z, m, i0, i1, sm, &row.tp_cand, cand);
+  top_p_scan<true>(a, st, g, z, m, i0, i1, sm, &row.tp_cand, cand);
   if (bins) {
     __syncthreads();
     for (int b = threadIdx.x; b < kTopPBins; b += kTileThreads)
-      if (sm.bins.count[b]) {
-        atomicAdd(&gmass[b], sm.bins.mass[b]);
-        atomicAdd(&gcount[b], sm.bins.count[b]);
+      if (const unsigned count = sm.tile.count[b]) {
+        atomicAdd(&gmass[b], ((unsigned long long)sm.tile.high[b] << kTopPLowBits) + sm.tile.low[b]);
+        atomicAdd(&gcount[b], count);
       }
   }
   if (!finished_row(a.done + k, gridDim.x, last_flag)) return;
@@ -961,14 +991,14 @@ __global__ void __launch_bounds__(kTileThreads) sample_top_p_pass_kernel(SampleK
       const int w = top_p_width(a, g);
       top_p_zero_bins(sm);
       __syncthreads();
-      top_p_scan(a, st, g, z, m, 0, a.V, sm, nullptr, nullptr);
+      top_p_scan<false>(a, st, g, z, m, 0, a.V, sm, nullptr, nullptr);
       __syncthreads();
       top_p_take_bins([&](int b) { return sm.bins.mass[b]; }, [&](int b) { return sm.bins.count[b]; }, false, w, v,
                       c);
       top_p_pick(v, c, p.top_p, w, sm, g);
     }
     if (g.phase == kTopPCollect) {
-      top_p_scan(a, st, g, z, m, 0, a.V, sm, &row.tp_cand, cand);
+      top_p_scan<false>(a, st, g, z, m, 0, a.V, sm, &row.tp_cand, cand);
       __syncthreads();  // every thread's candidates are written
     }
   }
