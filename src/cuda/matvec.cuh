@@ -82,6 +82,14 @@ __device__ __forceinline__ void cp_async16(uint8_t* dst, const uint8_t* src) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
 }
+// the same where `copy` (a predicate in the instruction, not a branch around it)
+__device__ __forceinline__ void cp_async16_if(uint8_t* dst, const uint8_t* src, bool copy) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16;\n}" ::"r"(d),
+      "l"(src), "r"((int)copy)
+      : "memory");
+}
 // 16 bytes of floats, zero-filled (nothing read) when !valid
 __device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);

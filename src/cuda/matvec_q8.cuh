@@ -998,7 +998,7 @@ __device__ __forceinline__ void cp_async_warp_unit(uint8_t* dst, const uint8_t* 
   constexpr int kPieces = kBytes / 16, kPerLane = (kPieces + 31) / 32;
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k)
-    if (kPieces % 32 == 0 || k < kPerLane - 1 || lane + 32 * k < kPieces) cp_async16(dst + 512 * k, src + 512 * k);
+    cp_async16_if(dst + 512 * k, src + 512 * k, kPieces % 32 == 0 || k < kPerLane - 1 || lane + 32 * k < kPieces);
 }
 
 // kJ: tokens of its C fragment (2q, 2q + 1) a lane computes -- 2, or 1 when
@@ -1042,15 +1042,20 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
   // (device_layout.h; pad rows are zeros).
   const int64_t my_groups = (groups - blockIdx.x + gridDim.x - 1) / gridDim.x;  // >= 1: grid <= groups
   auto tile_src = [&](int64_t n) { return q8_warp_tile_src<kWarps>(a, n, warp, lane); };
-  int64_t issue_n = 0;  // the tile and unit the next copy fetches
-  int issue_u = 0;
+  // The copies, in order: the next from issue_src, with issue_left units of tile
+  // issue_n left to copy (0 once every tile's are).
+  int64_t issue_n = 0;
+  int issue_left = units;
   const uint8_t* issue_src = tile_src(0);
-  auto issue_next = [&](int stage) {
-    if (issue_n < my_groups) {
-      cp_async_warp_unit<kStage>(ws_lane + stage * kStage, issue_src + (int64_t)issue_u * kStage, lane);
-      if (++issue_u == units) {
-        issue_u = 0;
-        if (++issue_n < my_groups) issue_src = tile_src(issue_n);
+  // The ring's stages by byte offset (with two, the next one is an xor).
+  auto next_stage = [](int off) { return S == 2 ? off ^ kStage : off == (S - 1) * kStage ? 0 : off + kStage; };
+  auto issue_next = [&](int stage_off) {
+    if (issue_left > 0) {
+      cp_async_warp_unit<kStage>(ws_lane + stage_off, issue_src, lane);
+      issue_src += kStage;
+      if (--issue_left == 0 && ++issue_n < my_groups) {
+        issue_left = units;
+        issue_src = tile_src(issue_n);
       }
     }
     cp_async_commit();  // one group per call, empty or not: cp_async_wait counts them
@@ -1061,7 +1066,7 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
   // (pdl.cuh); every CTA reaches the barrier after it.
   pdl_launch_dependents();
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) issue_next(s);
+  for (int s = 0; s < S - 1; ++s) issue_next(s * kStage);
   const int warm = min(units - (S - 1), kQ8WarmupUnits);
   if (lane == 0 && warm > 0) prefetch_l2_bulk(tile_src(0) - 16 * lane + (int64_t)(S - 1) * kStage, (uint32_t)(warm * kStage));
   pdl_wait();  // the quantized activations are the previous kernel's output
@@ -1070,9 +1075,25 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
     __syncthreads();
   }
 
-  int rd = 0;      // stage read this unit
-  int wr = S - 1;  // stage filled this unit
+  int rd = 0;                 // the stage this unit reads (byte offset)
+  int wr = (S - 1) * kStage;  // the stage this unit's copies fill
   Q8ArgmaxRun<NT> run;  // argmax's best keys (Q8Args::select)
+  // One unit (uc: its index in the chunk of staged columns): its copies have
+  // landed, the copies S - 1 units ahead go out, then its block is computed.
+  auto unit = [&](int uc, int u, float(&acc_q)[NT][4], float(&acc_m)[NT][4]) {
+    cp_async_wait<S - 2>();  // this lane's pieces of this unit have landed
+    __syncwarp();            // ... and every lane's; every lane is done with stage wr (the unit before)
+    issue_next(wr);
+    const int mb_off = uc * (Dec::kUnit / Dec::kMetaCols) * kRecBytes;
+    const Q8Smem sm{xs + x_lane + uc * Dec::kUnit, 8 * pitch, ms + rec_lane + mb_off, rec_pitch,
+                    ms + rec_b_lane + mb_off, tiles, q};
+    const int blocks_left = blocks - u * (Dec::kUnit / Dec::kMetaCols);
+    typename Dec::Raw r;
+    Dec::load_staged(r, ws + rd, G, q);
+    Dec::template compute<NT, kJ>(r, sm, blocks_left, acc_q, acc_m);
+    rd = next_stage(rd);
+    wr = next_stage(wr);
+  };
   for (int64_t n = 0; n < my_groups; ++n) {
     const int64_t row0 = ((blockIdx.x + n * gridDim.x) * kWarps + warp) * kQ8RowsPerWarp;
     float acc_q[NT][4], acc_m[NT][4];
@@ -1080,27 +1101,15 @@ __global__ void __launch_bounds__(Q8StagedCta<NT>::threads, 1) matvec_q8_staged_
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc_q[nt][i] = acc_m[nt][i] = 0.0f;
-    int uc = 0;  // unit within the chunk
-    for (int u = 0; u < units; ++u) {
-      if (!one_chunk && uc == 0) {
+    if (one_chunk) {  // the row's activations are staged whole
+      for (int u = 0; u < units; ++u) unit(u, u, acc_q, acc_m);
+    } else {  // restaged a chunk of columns at a time, every warp at the barriers
+      for (int u0 = 0; u0 < units; u0 += units_per_chunk) {
         __syncthreads();
-        stage_q8<Dec, kJ>(xs, ms, a, (int64_t)u * Dec::kUnit, chunk_cols, pitch, TT, XR);
+        stage_q8<Dec, kJ>(xs, ms, a, (int64_t)u0 * Dec::kUnit, chunk_cols, pitch, TT, XR);
         __syncthreads();
+        for (int uc = 0; uc < units_per_chunk && u0 + uc < units; ++uc) unit(uc, u0 + uc, acc_q, acc_m);
       }
-      cp_async_wait<S - 2>();  // this lane's pieces of this unit have landed
-      __syncwarp();            // ... and every lane's; every lane is done with stage wr (the unit before)
-      issue_next(wr);
-      const int mb = uc * (Dec::kUnit / Dec::kMetaCols);
-      const int mb_off = mb * kRecBytes;
-      const Q8Smem sm{xs + x_lane + uc * Dec::kUnit, 8 * pitch, ms + rec_lane + mb_off, rec_pitch,
-                      ms + rec_b_lane + mb_off, tiles, q};
-      const int blocks_left = blocks - u * (Dec::kUnit / Dec::kMetaCols);
-      typename Dec::Raw r;
-      Dec::load_staged(r, ws + rd * kStage, G, q);
-      Dec::template compute<NT, kJ>(r, sm, blocks_left, acc_q, acc_m);
-      rd = rd == S - 1 ? 0 : rd + 1;
-      wr = wr == S - 1 ? 0 : wr + 1;
-      if (++uc == units_per_chunk) uc = 0;
     }
     finish_q8_tile<Dec, NT, decltype(run)>(a, acc_q, acc_m, q, row0 + G, run);
   }
