@@ -209,12 +209,8 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
   };
   LsePair pair = lse_empty();  // the tile's (the CTA's thread 0, a warp's lane 0)
   if constexpr (kCtaTile) {
-    float v[kStepsPerThread];
-#pragma unroll
-    for (int j = 0; j < kStepsPerThread; ++j) {  // every load in flight before the first token's stores
-      const int i = tile_step_index(j);
-      v[j] = i < count ? x[tile.first + i] : 0.0f;
-    }
+    float v[kStepsPerThread];  // every load in flight before the first token's stores
+    tile_steps(count, 0.0f, [&](int i) { return x[tile.first + i]; }, v);
 #pragma unroll
     for (int j = 0; j < kStepsPerThread; ++j) {
       const int i = tile_step_index(j);
@@ -591,13 +587,9 @@ __global__ void __launch_bounds__(kCtaTile ? kTileThreads : kWarpTileThreads, kC
   };
   LsePair zpair = lse_empty(), xpair = lse_empty();  // the tile's (the CTA's thread 0, a warp's lane 0)
   if constexpr (kCtaTile) {
-    float zk[kStepsPerThread], xk[kStepsPerThread];
-#pragma unroll
-    for (int j = 0; j < kStepsPerThread; ++j) {  // every load in flight before the first token
-      const int i = tile_step_index(j);
-      zk[j] = i < count ? __ldg(z + tile.first + i) : neg_inf;
-      xk[j] = i < count && raw_pair ? __ldg(x + tile.first + i) : neg_inf;
-    }
+    float zk[kStepsPerThread], xk[kStepsPerThread];  // every load in flight before the first token
+    tile_steps(count, neg_inf, [&](int i) { return __ldg(z + tile.first + i); }, zk);
+    tile_steps(count, neg_inf, [&](int i) { return raw_pair ? __ldg(x + tile.first + i) : neg_inf; }, xk);
 #pragma unroll
     for (int j = 0; j < kStepsPerThread; ++j) {
       const int i = tile_step_index(j);

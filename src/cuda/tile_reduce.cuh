@@ -122,6 +122,18 @@ __device__ __forceinline__ int tile_step_index(int j) {
   return (int)(threadIdx.x % kCanonLanes) + ((int)(threadIdx.x / kCanonLanes) * kStepsPerThread + j) * kCanonLanes;
 }
 
+// This thread's steps of a CTA-per-tile tile, every load in flight before any
+// is used (the twin of lane_chunks): v[j] = load(i) for step j at index
+// i = tile_step_index(j) < count, `fill` past the end.
+template <class Load>
+__device__ __forceinline__ void tile_steps(int count, float fill, Load load, float (&v)[kStepsPerThread]) {
+#pragma unroll
+  for (int j = 0; j < kStepsPerThread; ++j) {
+    const int i = tile_step_index(j);
+    v[j] = i < count ? load(i) : fill;
+  }
+}
+
 // What a step does to its lane's sum (lse_push): nothing (-inf), add e, or
 // rescale by e and add 1 (a new running max).
 enum : uint8_t { kPushSkip = 0, kPushAdd = 1, kPushRescale = 2 };
