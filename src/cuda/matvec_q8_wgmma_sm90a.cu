@@ -55,6 +55,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "async_copy.cuh"
 #include "cuda_check.h"
 #include "matvec_q8.cuh"
 #include "pdl.cuh"
@@ -115,35 +116,6 @@ struct WgLayout {
 
 // ---------------------------------------------------------------- PTX
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-// bytes (a multiple of 16) from global src to shared dst, counted on bar
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
-// this warpgroup's 128 threads (named barriers 1 and 2; 0 is __syncthreads)
-__device__ __forceinline__ void warpgroup_sync(int g) { asm volatile("bar.sync %0, 128;" ::"r"(1 + g) : "memory"); }
 // generic-proxy writes to shared memory (the planes) before the tensor cores read them
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
@@ -628,7 +600,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) matvec_q8_wgmma_kernel(Q8Call a
       mbar_init(&full[k], 1);
       released[k] = 0;
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_mbar_init();
   }
   __syncthreads();
   pdl_launch_dependents();
@@ -760,15 +732,6 @@ struct WsLayout {
   static_assert(kPartRaw % 16 == 0 && kGroupActs % 16 == 0 && kPlaneBuf % 128 == 0 && kBars % 8 == 0, "alignment");
 };
 
-template <int R>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
-}
-template <int R>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
-}
-
 template <class F, int N, int kGroups>
 __global__ void __launch_bounds__(WsLayout<F, N, kGroups>::kThreads, 1) matvec_q8_wgmma_ws_kernel(Q8Call a) {
   using L = WsLayout<F, N, kGroups>;
@@ -831,7 +794,7 @@ __global__ void __launch_bounds__(WsLayout<F, N, kGroups>::kThreads, 1) matvec_q
       mbar_init(&planes_full[k], kSplit);          // the half's decoders
       mbar_init(&planes_empty[k], 4 * kGroups);  // a warp of each math warpgroup that reads the half
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_mbar_init();
   }
   __syncthreads();
   pdl_launch_dependents();
