@@ -17,6 +17,8 @@
 //   `... small_q6k` for a Q6_K weight (t = 1, 2, 4).
 //   `/tmp/canon_wide 202048 6656 5 0 "split|shared" 16,32,64,256`: only the launches whose
 //   names hold a '|'-separated part, at those t.
+//   With -DWITH_CANON_WS and -gencode arch=compute_90a,code=sm_90a (for -arch=sm_90) it also
+//   runs the producer/consumer experiment of cuda_canon_ws.cuh ("ws 32 x 32", "ws 64 x 16").
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
@@ -27,6 +29,9 @@
 #include <vector>
 
 #include "cuda_canon_split.cuh"
+#ifdef WITH_CANON_WS  // the producer/consumer experiment: sm_90a alone
+#include "cuda_canon_ws.cuh"
+#endif
 #ifdef WITH_ROUTE_PLAN
 #include "cuda_device.h"
 #include "kernels.h"
@@ -118,6 +123,14 @@ static void run_split(const MatvecArgs& a) {
   launch_grid(&matvec_canon_split_kernel<true, TC>, 32 * kSplitWarps, SplitTile<TC>::smem_bytes,
               SplitTile<TC>::rows, a, 0, false);
 }
+
+#ifdef WITH_CANON_WS
+template <int RG, int TG>
+static void run_ws(const MatvecArgs& a) {
+  launch_grid(&matvec_canon_ws_kernel<true, RG, TG>, 32 * kWsWarps, WsTile<true, RG, TG>::smem_bytes,
+              WsTile<true, RG, TG>::rows, a, 0, false);
+}
+#endif
 
 static void run_stream(const MatvecArgs& a) {
   launch_grid(&matvec_canon_stream_kernel<true>, 32 * kStreamWarps, stream_smem_bytes(),
@@ -224,6 +237,10 @@ int main(int argc, char** argv) {
                              {"split 128 x 16", run_split<16>, 16},
                              {"split 64 x 32", run_split<32>, 32},
                              {"split 32 x 64", run_split<64>, 64},
+#ifdef WITH_CANON_WS
+                             {"ws 32 x 32", run_ws<2, 4>, 32},
+                             {"ws 64 x 16", run_ws<4, 2>, 16},
+#endif
 #ifdef WITH_ROUTE_PLAN
                              {"matvec_canon plan", run_plan, 1 << 20},
 #endif

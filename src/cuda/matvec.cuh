@@ -266,16 +266,20 @@ struct DecodeKQuant {
                                                 float (&w)[R][kSteps]) {
     store_factors<R>(raw.hdr, fl, lane, scratch);
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float d1[8], m1[8];
-      read_factors(scratch, r, d1, m1);
-      uint32_t qe, qo;
-      kquant_lane_quants<kHigh>(raw.qs[r], kHigh ? raw.qh[r] : 0u, qe, qo);
+    for (int r = 0; r < R; ++r) decode_row(raw.qs[r], kHigh ? raw.qh[r] : 0u, fl, scratch, r, w[r]);
+  }
+  // row r of the rows whose factors store_factors shared through scratch: its lane word
+  // of qs' (and qh' byte)
+  static __device__ __forceinline__ void decode_row(uint32_t qs, uint32_t qh, const KFactorLane& fl,
+                                                    const float* scratch, int r, float (&w)[kSteps]) {
+    float d1[8], m1[8];
+    read_factors(scratch, r, d1, m1);
+    uint32_t qe, qo;
+    kquant_lane_quants<kHigh>(qs, qh, qe, qo);
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        w[r][2 * c] = fmaf(d1[2 * c], byte_as_float(qe, c, fl.exponent), -m1[2 * c]);
-        w[r][2 * c + 1] = fmaf(d1[2 * c + 1], byte_as_float(qo, c, fl.exponent), -m1[2 * c + 1]);
-      }
+    for (int c = 0; c < 4; ++c) {
+      w[2 * c] = fmaf(d1[2 * c], byte_as_float(qe, c, fl.exponent), -m1[2 * c]);
+      w[2 * c + 1] = fmaf(d1[2 * c + 1], byte_as_float(qo, c, fl.exponent), -m1[2 * c + 1]);
     }
   }
 };
