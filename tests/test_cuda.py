@@ -608,11 +608,11 @@ def test_canonical_bitwise_equal_to_cpu_at_every_batch_size(head_file, weight_ty
 
 
 # the wide kernel (Q4_K/Q5_K: 8 rows x 8 token slots per warp): t = 6, 7 leave slots
-# empty (t = 5 stays on the 4-row kernel), t = 9..16 run tiles of 8 and a last tile of
-# t mod 8; from 25 tokens the shared-decode kernel (32 rows x 32 tokens a CTA) runs tiles
-# of 32, the last one computed as 32 when it holds 25..31 tokens, else as wide tiles
-# (t = 17, 31, 32, 48, 63, 65, 130 end a tile in each way); 5,003 rows end inside a warp's
-# 8 rows, a CTA's 32 and a wide CTA's 96
+# empty (t = 5 stays on the 4-row kernel); tiles of 9..16 tokens run the stream kernel;
+# from 25 tokens the shared-decode kernel (32 rows x 32 tokens a CTA) runs tiles of 32,
+# the last one computed as 32 when it holds 25..31 tokens, else as tiles of 16 and 8
+# (t = 17, 31, 32, 48, 63, 65, 130 end a tile in each way); 5,003 rows end inside a
+# warp's 8 rows, a CTA's 32 and a wide CTA's 96
 @pytest.mark.parametrize("weight_type", ("Q5_K", "Q4_K"))
 def test_canonical_wide_and_shared_decode_kernels_bitwise_equal_to_cpu(head_file, weight_type):
     path = head_file(weight_type)
