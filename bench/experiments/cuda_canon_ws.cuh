@@ -52,13 +52,33 @@ __device__ __forceinline__ void canon_tree32_many(float (&v)[N], int lane) {
   canon_tree32_level<N / 16>(v, lane, 1);
 }
 
-constexpr int kWsProducers = 4, kWsConsumers = 8, kWsWarps = kWsProducers + kWsConsumers;
-constexpr int kWsDecodeRows = 8;  // rows a producer warp decodes at once
-// Registers a thread (setmaxnreg): the launch gives each of the 384 threads 168; the
-// producers' warpgroup gives back what the consumers' two take (.inc waits for them)
+// The shape's knobs are macros so that one source builds the trials' variants:
+// WS_PRODUCERS (4 or 8 producer warps), WS_DECODE_ROWS (rows a producer warp decodes
+// at once), WS_PRODUCER_REGS and WS_CONSUMER_REGS (setmaxnreg's counts).
+#ifndef WS_PRODUCERS
+#define WS_PRODUCERS 4
+#endif
+#ifndef WS_DECODE_ROWS
+#define WS_DECODE_ROWS 8
+#endif
+#ifndef WS_PRODUCER_REGS
+#define WS_PRODUCER_REGS 64
+#endif
+#ifndef WS_CONSUMER_REGS
+#define WS_CONSUMER_REGS 216
+#endif
+constexpr int kWsProducers = WS_PRODUCERS, kWsConsumers = 8, kWsWarps = kWsProducers + kWsConsumers;
+static_assert(kWsProducers % 4 == 0, "producers fill whole warpgroups (setmaxnreg is a warpgroup's)");
+constexpr int kWsDecodeRows = WS_DECODE_ROWS;  // rows a producer warp decodes at once
+// Registers a thread (setmaxnreg): the launch gives each thread 65536 / threads (168 for
+// 384); the producers' warpgroups give back what the consumers' two take (.inc waits)
 constexpr int kWsLaunchRegs = 65536 / (32 * kWsWarps) / 8 * 8;
-constexpr int kWsProducerRegs = 64, kWsConsumerRegs = 216;
-static_assert(128 * (kWsLaunchRegs - kWsProducerRegs) >= 256 * (kWsConsumerRegs - kWsLaunchRegs) &&
+constexpr int kWsProducerRegs = WS_PRODUCER_REGS, kWsConsumerRegs = WS_CONSUMER_REGS;
+// every producer thread (named barrier 1): done with a raw stage
+__device__ __forceinline__ void producers_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(32 * kWsProducers) : "memory");
+}
+static_assert(32 * kWsProducers * (kWsLaunchRegs - kWsProducerRegs) >= 256 * (kWsConsumerRegs - kWsLaunchRegs) &&
                   kWsProducerRegs % 8 == 0 && kWsConsumerRegs % 8 == 0,
               "the consumers take no more registers than the producers give back, in setmaxnreg's steps");
 
@@ -78,7 +98,9 @@ struct WsTile {
   static constexpr int stages = stages_fit > 4 ? 4 : stages_fit;
   static_assert(stages >= 2, "two stages at least");
   static constexpr size_t smem_bytes = (size_t)stages * stage_bytes + raw_stages * raw_bytes + scratch_bytes + 256;
-  static_assert((rows / kWsProducers) % kWsDecodeRows == 0, "whole decode batches");
+  // rows a producer warp decodes at once: WS_DECODE_ROWS, or all of its rows where it has fewer
+  static constexpr int decode_rows = rows / kWsProducers < kWsDecodeRows ? rows / kWsProducers : kWsDecodeRows;
+  static_assert((rows / kWsProducers) % decode_rows == 0 && decode_rows % 2 == 0, "whole decode batches of row pairs");
   static_assert(raw_bytes % 16 == 0 && (16 * B) % 16 == 0, "bulk copies move 16-byte pieces");
 };
 
@@ -86,7 +108,7 @@ template <bool kHigh, int RG, int TG>
 __global__ void __launch_bounds__(32 * kWsWarps, 1) matvec_canon_ws_kernel(MatvecArgs a) {
   using Dec = DecodeKQuant<kHigh>;
   using Tile = WsTile<kHigh, RG, TG>;
-  constexpr int RC = Tile::rows, TC = Tile::tokens, S = Tile::stages, RS = Tile::raw_stages, RD = kWsDecodeRows;
+  constexpr int RC = Tile::rows, TC = Tile::tokens, S = Tile::stages, RS = Tile::raw_stages, RD = Tile::decode_rows;
   constexpr int B = Tile::B, PR = RC / kWsProducers;  // PR: rows a producer warp decodes each unit
   extern __shared__ float4 smem_f4[];
   uint8_t* const smem = reinterpret_cast<uint8_t*>(smem_f4);
@@ -172,7 +194,7 @@ __global__ void __launch_bounds__(32 * kWsWarps, 1) matvec_canon_ws_kernel(Matve
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(&full[s]);
-      warpgroup_sync(0);  // every producer is done with raw stage rs
+      producers_sync();  // every producer is done with raw stage rs
       if (threadIdx.x == 0) issue_raw(k + RS);
     }
     return;
