@@ -5,7 +5,7 @@
 // copy method, ring depth, CTA count and order reach the read limit where a
 // warp's tile is only five units long.
 //
-//   nvcc -O3 -arch=sm_90 -o /tmp/short_rows bench/experiments/cuda_short_rows.cu && /tmp/short_rows
+//   nvcc -O3 -arch=sm_90 -Isrc/cuda -o /tmp/short_rows bench/experiments/cuda_short_rows.cu && /tmp/short_rows
 //
 // Methods: "cp.async" (the staged kernel's: 16-byte cp.async.cg pieces, a
 // ring of S units a warp, wait_group), "bulk" (one cp.async.bulk a unit by
@@ -26,26 +26,20 @@
 #include <vector>
 #include <algorithm>
 #include <cuda_runtime.h>
+
+#include "async_copy.cuh"
 constexpr int kRows = 262144, kUnits = 5, kUnitBytes = 4 * 34, kRowBytes = 20 * 34;
 constexpr int kWarps = 16, kRowsPerWarp = 16, kStage = kRowsPerWarp * kUnitBytes, kPieces = kStage / 16;
 constexpr int kTiles = kRows / kRowsPerWarp;
 
-__device__ __forceinline__ uint32_t sa(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+using namespace muser::cuda;  // smem_addr and the mbarrier / bulk-copy PTX (async_copy.cuh)
 __device__ __forceinline__ void cp16(uint8_t* d, const uint8_t* s) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa(d)), "l"(s) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(d)), "l"(s) : "memory");
 }
-__device__ __forceinline__ void bar_init(uint64_t* b) { asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sa(b)) : "memory"); }
+// one bulk copy of n bytes, counted on b (one arrival and its bytes)
 __device__ __forceinline__ void bulk(uint8_t* d, const uint8_t* s, uint32_t n, uint64_t* b) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sa(b)), "r"(n) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(sa(d)),
-               "l"(s), "r"(n), "r"(sa(b))
-               : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint64_t* b, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(sa(b)), "r"(parity) : "memory");
+  mbar_expect_tx(b, n);
+  bulk_copy(d, s, n, b);
 }
 
 // BULK 0: cp.async pieces; 1: one bulk copy a unit. S stages a warp; the ring runs on across tiles.
@@ -60,8 +54,8 @@ __global__ void __launch_bounds__(512) k(const uint8_t* w, unsigned* sink, int s
   uint8_t* ws = reinterpret_cast<uint8_t*>(sm) + warp * S * (kStage + 16);
   uint64_t* bars = reinterpret_cast<uint64_t*>(ws + S * kStage);
   if (BULK && lane == 0) {
-    for (int s = 0; s < S; ++s) bar_init(bars + s);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < S; ++s) mbar_init(bars + s, 1);
+    fence_mbar_init();
   }
   __syncwarp();
   const int groups = kTiles / kWarps;
@@ -100,7 +94,7 @@ __global__ void __launch_bounds__(512) k(const uint8_t* w, unsigned* sink, int s
     for (int u = 0; u < kUnits; ++u) {
       if (IL == 2 && u0 + n * kUnits + u >= u1) break;
       if (BULK) {
-        bar_wait(bars + rd, (phase >> rd) & 1);
+        mbar_wait(bars + rd, (phase >> rd) & 1);
         phase ^= 1u << rd;
       } else {
         asm volatile("cp.async.wait_group %0;" ::"n"(S - 2) : "memory");

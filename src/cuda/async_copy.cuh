@@ -1,6 +1,7 @@
 // Hopper's asynchronous copies and the barriers that count them (PTX, sm_90; the
 // register moves of setmaxnreg need sm_90a): one definition for the kernels that
-// take them (matvec_q8_wgmma_sm90a.cu; bench/experiments/cuda_canon_ws.cuh).
+// take them (matvec_q8_wgmma_sm90a.cu; bench/experiments/cuda_canon_ws.cuh,
+// cuda_short_rows.cu).
 #pragma once
 #include <cstdint>
 
