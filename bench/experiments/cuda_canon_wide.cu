@@ -18,7 +18,9 @@
 //   `/tmp/canon_wide 202048 6656 5 0 "split|shared" 16,32,64,256`: only the launches whose
 //   names hold a '|'-separated part, at those t.
 //   With -DWITH_CANON_WS and -gencode arch=compute_90a,code=sm_90a (for -arch=sm_90) it also
-//   runs the producer/consumer experiment of cuda_canon_ws.cuh ("ws 32 x 32", "ws 64 x 16").
+//   runs the producer/consumer experiment of cuda_canon_ws.cuh ("ws 32 x 32", "ws 64 x 16")
+//   and the ring experiment of cuda_canon_ring.cuh ("ring 32 x 32", "ring 64 x 16", and
+//   "ring tma ..." with x by one 2-D tensor copy a unit).
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
@@ -30,6 +32,9 @@
 
 #include "cuda_canon_split.cuh"
 #ifdef WITH_CANON_WS  // the producer/consumer experiment: sm_90a alone
+#include <cudaTypedefs.h>
+
+#include "cuda_canon_ring.cuh"
 #include "cuda_canon_ws.cuh"
 #endif
 #ifdef WITH_ROUTE_PLAN
@@ -129,6 +134,40 @@ template <int RG, int TG>
 static void run_ws(const MatvecArgs& a) {
   launch_grid(&matvec_canon_ws_kernel<true, RG, TG>, 32 * kWsWarps, WsTile<true, RG, TG>::smem_bytes,
               WsTile<true, RG, TG>::rows, a, 0, false);
+}
+// x as a 2-D tensor map ([t][cols] floats, boxes of 256 columns x tokens tokens), for the
+// ring kernel's kTmaX; the driver's encoder through the runtime (no -lcuda)
+static CUtensorMap x_tensor_map(const MatvecArgs& a, int tokens) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (!encode) {
+    cudaDriverEntryPointQueryResult q;
+    CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
+                                        cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess) { std::fprintf(stderr, "no cuTensorMapEncodeTiled\n"); std::exit(1); }
+  }
+  CUtensorMap m;
+  const cuuint64_t dims[2] = {(cuuint64_t)a.cols, (cuuint64_t)a.t}, strides[1] = {(cuuint64_t)a.ldx * 4};
+  const cuuint32_t box[2] = {256, (cuuint32_t)tokens}, element_strides[2] = {1, 1};
+  if (encode(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(a.x), dims, strides, box, element_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled failed\n");
+    std::exit(1);
+  }
+  return m;
+}
+template <int RG, int TG, bool kTmaX>
+static void run_ring(const MatvecArgs& a) {
+  using Tile = RingTile<true, RG, TG>;
+  auto kernel = &matvec_canon_ring_kernel<true, RG, TG, kTmaX>;
+  CK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)Tile::smem_bytes));
+  const int64_t groups = (a.rows + Tile::rows - 1) / Tile::rows;
+  const int grid = (int)std::min<int64_t>(groups, sms());
+  CUtensorMap m{};
+  if (kTmaX) m = x_tensor_map(a, Tile::tokens);
+  kernel<<<grid, 32 * kRingWarps, Tile::smem_bytes>>>(a, m);
+  CK(cudaGetLastError());
 }
 #endif
 
@@ -240,6 +279,10 @@ int main(int argc, char** argv) {
 #ifdef WITH_CANON_WS
                              {"ws 32 x 32", run_ws<2, 4>, 32},
                              {"ws 64 x 16", run_ws<4, 2>, 16},
+                             {"ring 32 x 32", run_ring<2, 4, false>, 32},
+                             {"ring 64 x 16", run_ring<4, 2, false>, 16},
+                             {"ring tma 32 x 32", run_ring<2, 4, true>, 32},
+                             {"ring tma 64 x 16", run_ring<4, 2, true>, 16},
 #endif
 #ifdef WITH_ROUTE_PLAN
                              {"matvec_canon plan", run_plan, 1 << 20},
