@@ -95,21 +95,14 @@ __global__ void __launch_bounds__(32 * kRingWarps, 1)
   pdl_launch_dependents();
   if (my_units == 0) return;
 
-  const int64_t last_tile = (a.rows - 1) / kTileRows;
   // where the next raw copy (thread 0) and the next x copy (lane 0 of each warp) go: the
   // CTA's units in order, counted along instead of divided out each unit
+  const int64_t last_tile = (a.rows - 1) / kTileRows;
   int64_t raw_g = blockIdx.x;
   int raw_u = 0, x_u = 0;
   auto issue_raw = [&](uint32_t k) {  // thread 0: unit k's blocks into raw stage k % RS
     if (k >= my_units) return;
-    uint8_t* dst = raws + (k % RS) * Tile::raw_bytes;
-    mbar_expect_tx(&raw_full[k % RS], Tile::raw_bytes);
-#pragma unroll
-    for (int t = 0; t < RC / kTileRows; ++t) {
-      const int64_t tile = min(raw_g * (RC / kTileRows) + t, last_tile);  // past the end: any rows (never stored)
-      bulk_copy(dst + t * kTileRows * B, a.w + tile * kTileRows * a.row_bytes + (int64_t)raw_u * kTileRows * B,
-                kTileRows * B, &raw_full[k % RS]);
-    }
+    copy_raw_unit<RC, B>(raws + (k % RS) * Tile::raw_bytes, a, raw_g, raw_u, last_tile, &raw_full[k % RS]);
     if (++raw_u == units) raw_u = 0, raw_g += gridDim.x;
   };
   // kTmaX: lane 0 of warp 1 (thread 0 issues the raw copies); else lane 0 of each warp
@@ -137,20 +130,12 @@ __global__ void __launch_bounds__(32 * kRingWarps, 1)
   // unit k's raw rows of this warp, as decode() takes them
   auto load_raw = [&](uint32_t k, uint4 (&hdr)[RD / 2], uint32_t (&qs)[RD], uint32_t (&qh)[RD]) {
     const uint8_t* base = raws + (k % RS) * Tile::raw_bytes + warp * RD * B;
+    load_headers<RD, B>(base, lane, hdr);
 #pragma unroll
-    for (int p = 0; p < RD / 2; ++p) hdr[p] = *reinterpret_cast<const uint4*>(base + (2 * p + (lane >> 4)) * B);
-#pragma unroll
-    for (int r = 0; r < RD; ++r) {
-      qs[r] = *reinterpret_cast<const uint32_t*>(base + r * B + Dec::kQsOffset + 4 * lane);
-      qh[r] = kHigh ? base[r * B + kQ5KHighBitsOffset + lane] : 0u;
-    }
+    for (int r = 0; r < RD; ++r) load_lane_quants<Dec>(base + r * B, lane, qs[r], qh[r]);
   };
   auto decode_store = [&](uint32_t k, int r, uint32_t qs, uint32_t qh, const float* sc) {
-    float w[8];
-    Dec::decode_row(qs, qh, fl, sc, r, w);
-    float* dst = stages + (k % S) * kStageFloats + (warp * RD + r) * kQK_K + 2 * lane;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) *reinterpret_cast<float2*>(dst + 64 * q) = make_float2(w[2 * q], w[2 * q + 1]);
+    store_decoded_row<Dec>(qs, qh, fl, sc, r, stages + (k % S) * kStageFloats + (warp * RD + r) * kQK_K + 2 * lane);
   };
 
   if (threadIdx.x == 0)
@@ -173,10 +158,7 @@ __global__ void __launch_bounds__(32 * kRingWarps, 1)
   uint32_t k = 0;
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
     float acc[16][8];
-#pragma unroll
-    for (int r = 0; r < 16; ++r)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[r][j] = 0.0f;
+    canon_tile_zero(acc);
     for (int u = 0; u < units; ++u, ++k) {
       mbar_wait(&full[k % S], (uint32_t)((k / S) & 1));
       if (threadIdx.x == 0) issue_raw(k + RS);  // every warp has decoded unit k: its raw stage is free
@@ -191,42 +173,13 @@ __global__ void __launch_bounds__(32 * kRingWarps, 1)
       store_factors<RD>(hdr, fl, lane, sc);
       const float* const wl = stages + (k % S) * kStageFloats + rg * 16 * kQK_K + 2 * lane;
       const float* const xl = stages + (k % S) * kStageFloats + RC * kQK_K + tg * 8 * kQK_K + lane;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float x0[8], x1[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) x0[j] = xl[j * kQK_K + 64 * q], x1[j] = xl[j * kQK_K + 64 * q + 32];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float2 wv[8];
-#pragma unroll
-          for (int r = 0; r < 8; ++r) wv[r] = *reinterpret_cast<const float2*>(wl + (8 * h + r) * kQK_K + 64 * q);
-#pragma unroll
-          for (int r = 0; r < 8; ++r)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              acc[8 * h + r][j] = fmaf(wv[r].x, x0[j], acc[8 * h + r][j]);
-              acc[8 * h + r][j] = fmaf(wv[r].y, x1[j], acc[8 * h + r][j]);
-            }
-          const int c = 2 * q + h;  // chunk c decodes row c of the next unit (8 chunks, RD <= 8 rows)
-          if (c < RD) decode_store(kn, c, qs[c], qh[c], sc);
-        }
-      }
+      canon_tile_unit(acc, wl, xl, [&](int c) {  // chunk c decodes row c of the next unit (8 chunks, RD <= 8 rows)
+        if (c < RD) decode_store(kn, c, qs[c], qh[c], sc);
+      });
       __syncwarp();
       if (lane == 0 && kn < my_units) mbar_arrive(&full[kn % S]);
     }
-    float flat[128];  // lane l ends with acc[l / 2][4 (l % 2) + i] in flat[i]
-#pragma unroll
-    for (int r = 0; r < 16; ++r)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) flat[8 * r + j] = acc[r][j];
-    canon_tree32_many<128>(flat, lane);
-    const int64_t row = g * RC + rg * 16 + lane / 2;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int token = tg * 8 + 4 * (lane % 2) + i;
-      if (token < a.t && row < a.rows) a.y[token * a.ldy + row] = flat[i];
-    }
+    canon_tile_store(acc, lane, g * RC + rg * 16, tg * 8, a);
   }
 }
 

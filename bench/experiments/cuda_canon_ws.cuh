@@ -82,6 +82,100 @@ static_assert(32 * kWsProducers * (kWsLaunchRegs - kWsProducerRegs) >= 256 * (kW
                   kWsProducerRegs % 8 == 0 && kWsConsumerRegs % 8 == 0,
               "the consumers take no more registers than the producers give back, in setmaxnreg's steps");
 
+// ---- the pieces the producer/consumer and ring kernels (cuda_canon_ring.cuh) share
+
+// One unit's raw blocks of RC rows (RC / 16 row tiles; one block a 16-row tile is 16 * B
+// contiguous bytes in the device layout: one bulk copy each) of row group g, unit u,
+// into dst, counted on bar; rows past the end copy tile last_tile, (a.rows - 1) / 16,
+// which the caller computes once (never stored)
+template <int RC, int B>
+__device__ __forceinline__ void copy_raw_unit(uint8_t* dst, const MatvecArgs& a, int64_t g, int u, int64_t last_tile,
+                                              uint64_t* bar) {
+  mbar_expect_tx(bar, RC * B);
+#pragma unroll
+  for (int t = 0; t < RC / kTileRows; ++t) {
+    const int64_t tile = min(g * (RC / kTileRows) + t, last_tile);
+    bulk_copy(dst + t * kTileRows * B, a.w + tile * kTileRows * a.row_bytes + (int64_t)u * kTileRows * B,
+              kTileRows * B, bar);
+  }
+}
+
+// the headers of RD rows of raw blocks (B bytes apart) as store_factors takes them
+template <int RD, int B>
+__device__ __forceinline__ void load_headers(const uint8_t* rows, int lane, uint4 (&hdr)[RD / 2]) {
+#pragma unroll
+  for (int p = 0; p < RD / 2; ++p) hdr[p] = *reinterpret_cast<const uint4*>(rows + (2 * p + (lane >> 4)) * B);
+}
+// a lane's quant word (and Q5_K's fifth-bit byte) of one raw block
+template <class Dec>
+__device__ __forceinline__ void load_lane_quants(const uint8_t* block, int lane, uint32_t& qs, uint32_t& qh) {
+  qs = *reinterpret_cast<const uint32_t*>(block + Dec::kQsOffset + 4 * lane);
+  qh = Dec::kHighBits ? block[kQ5KHighBitsOffset + lane] : 0u;
+}
+// row r's lane weights (decode_row) into a stage row: lane l's columns l + 32 s as the
+// float2 pairs (s = 2q, 2q + 1) at 64 q + 2 l, where the consumers' chunks read them
+template <class Dec>
+__device__ __forceinline__ void store_decoded_row(uint32_t qs, uint32_t qh, const KFactorLane& fl, const float* sc,
+                                                  int r, float* row_at_lane) {
+  float w[8];
+  Dec::decode_row(qs, qh, fl, sc, r, w);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) *reinterpret_cast<float2*>(row_at_lane + 64 * q) = make_float2(w[2 * q], w[2 * q + 1]);
+}
+
+// A warp's 16 rows x 8 tokens of sums over one unit of a stage: wl at its first row
+// (+ 2 lane), xl at its first token's x (+ lane). Chunk c = 2q + h multiplies rows 8h..8h+7
+// by columns 64q + lane and 64q + 32 + lane, in that order: lane l's steps s = 0..7 in
+// order, the canonical lane order. after_chunk(c) runs after chunk c (the ring kernel's
+// decode of the next unit; a no-op for the consumers of the producer/consumer kernel).
+template <class AfterChunk>
+__device__ __forceinline__ void canon_tile_unit(float (&acc)[16][8], const float* wl, const float* xl,
+                                                AfterChunk&& after_chunk) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float x0[8], x1[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x0[j] = xl[j * kQK_K + 64 * q], x1[j] = xl[j * kQK_K + 64 * q + 32];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float2 wv[8];
+#pragma unroll
+      for (int r = 0; r < 8; ++r) wv[r] = *reinterpret_cast<const float2*>(wl + (8 * h + r) * kQK_K + 64 * q);
+#pragma unroll
+      for (int r = 0; r < 8; ++r)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          acc[8 * h + r][j] = fmaf(wv[r].x, x0[j], acc[8 * h + r][j]);
+          acc[8 * h + r][j] = fmaf(wv[r].y, x1[j], acc[8 * h + r][j]);
+        }
+      after_chunk(2 * q + h);
+    }
+  }
+}
+__device__ __forceinline__ void canon_tile_zero(float (&acc)[16][8]) {
+#pragma unroll
+  for (int r = 0; r < 16; ++r)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[r][j] = 0.0f;
+}
+// the lanes' sums joined by the canonical tree, stored as logits of rows row0.. row0 + 15,
+// tokens tok0 .. tok0 + 7 (those past t or the rows' end are not stored)
+__device__ __forceinline__ void canon_tile_store(float (&acc)[16][8], int lane, int64_t row0, int tok0,
+                                                 const MatvecArgs& a) {
+  float flat[128];  // lane l ends with acc[l / 2][4 (l % 2) + i] in flat[i]
+#pragma unroll
+  for (int r = 0; r < 16; ++r)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) flat[8 * r + j] = acc[r][j];
+  canon_tree32_many<128>(flat, lane);
+  const int64_t row = row0 + lane / 2;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int token = tok0 + 4 * (lane % 2) + i;
+    if (token < a.t && row < a.rows) a.y[token * a.ldy + row] = flat[i];
+  }
+}
+
 // RG x TG consumer warps of 16 rows x 8 tokens (RG * TG == 8); a stage holds the unit's
 // decoded rows and x, a raw stage the rows' undecoded blocks (one 16-row tile's block is
 // 16 * B contiguous bytes in the device layout: one bulk copy)
@@ -140,16 +234,8 @@ __global__ void __launch_bounds__(32 * kWsWarps, 1) matvec_canon_ws_kernel(Matve
     const int64_t last_tile = (a.rows - 1) / kTileRows;
     auto issue_raw = [&](int64_t k) {
       if (k >= my_units) return;
-      const int64_t g = blockIdx.x + (k / units) * gridDim.x;
-      const int u = (int)(k % units);
-      uint8_t* dst = raws + (k % RS) * Tile::raw_bytes;
-      mbar_expect_tx(&raw_full[k % RS], Tile::raw_bytes);
-#pragma unroll
-      for (int t = 0; t < RC / kTileRows; ++t) {
-        const int64_t tile = min(g * (RC / kTileRows) + t, last_tile);  // past the end: any rows (never stored)
-        bulk_copy(dst + t * kTileRows * B, a.w + tile * kTileRows * a.row_bytes + (int64_t)u * kTileRows * B,
-                 kTileRows * B, &raw_full[k % RS]);
-      }
+      copy_raw_unit<RC, B>(raws + (k % RS) * Tile::raw_bytes, a, blockIdx.x + (k / units) * gridDim.x,
+                           (int)(k % units), last_tile, &raw_full[k % RS]);
     };
     if (threadIdx.x == 0)
       for (int k = 0; k < RS; ++k) issue_raw(k);  // the weight depends on no earlier node
@@ -176,20 +262,15 @@ __global__ void __launch_bounds__(32 * kWsWarps, 1) matvec_canon_ws_kernel(Matve
       for (int c = 0; c < PR / RD; ++c) {
         const uint8_t* base = raw_rows + c * RD * B;
         uint4 hdr[RD / 2];
-#pragma unroll
-        for (int p = 0; p < RD / 2; ++p) hdr[p] = *reinterpret_cast<const uint4*>(base + (2 * p + (lane >> 4)) * B);
+        load_headers<RD, B>(base, lane, hdr);
         float* const sc = scratch + (int)((k * (PR / RD) + c) & 1) * 32 * (RD / 2);  // two in turn: no lane writes one a lane still reads
         store_factors<RD>(hdr, fl, lane, sc);
         float* dst = ws + (warp * PR + c * RD) * kQK_K + 2 * lane;
 #pragma unroll
         for (int r = 0; r < RD; ++r) {
-          const uint32_t qs = *reinterpret_cast<const uint32_t*>(base + r * B + Dec::kQsOffset + 4 * lane);
-          const uint32_t qh = kHigh ? base[r * B + kQ5KHighBitsOffset + lane] : 0u;
-          float w[8];
-          Dec::decode_row(qs, qh, fl, sc, r, w);
-#pragma unroll
-          for (int q = 0; q < 4; ++q)
-            *reinterpret_cast<float2*>(dst + r * kQK_K + 64 * q) = make_float2(w[2 * q], w[2 * q + 1]);
+          uint32_t qs, qh;
+          load_lane_quants<Dec>(base + r * B, lane, qs, qh);
+          store_decoded_row<Dec>(qs, qh, fl, sc, r, dst + r * kQK_K);
         }
       }
       __syncwarp();
@@ -206,49 +287,17 @@ __global__ void __launch_bounds__(32 * kWsWarps, 1) matvec_canon_ws_kernel(Matve
   int64_t k = 0;
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
     float acc[16][8];
-#pragma unroll
-    for (int r = 0; r < 16; ++r)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[r][j] = 0.0f;
+    canon_tile_zero(acc);
     for (int u = 0; u < units; ++u, ++k) {
       const int s = (int)(k % S);
       mbar_wait(&full[s], (uint32_t)((k / S) & 1));
       const float* const wl = stages + s * (Tile::stage_bytes / 4) + rg * 16 * kQK_K + 2 * lane;
       const float* const xl = stages + s * (Tile::stage_bytes / 4) + RC * kQK_K + tg * 8 * kQK_K + lane;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float x0[8], x1[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) x0[j] = xl[j * kQK_K + 64 * q], x1[j] = xl[j * kQK_K + 64 * q + 32];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float2 wv[8];
-#pragma unroll
-          for (int r = 0; r < 8; ++r) wv[r] = *reinterpret_cast<const float2*>(wl + (8 * h + r) * kQK_K + 64 * q);
-#pragma unroll
-          for (int r = 0; r < 8; ++r)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              acc[8 * h + r][j] = fmaf(wv[r].x, x0[j], acc[8 * h + r][j]);
-              acc[8 * h + r][j] = fmaf(wv[r].y, x1[j], acc[8 * h + r][j]);
-            }
-        }
-      }
+      canon_tile_unit(acc, wl, xl, [](int) {});
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[s]);
     }
-    float flat[128];  // lane l ends with acc[l / 2][4 (l % 2) + i] in flat[i]
-#pragma unroll
-    for (int r = 0; r < 16; ++r)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) flat[8 * r + j] = acc[r][j];
-    canon_tree32_many<128>(flat, lane);
-    const int64_t row = g * RC + rg * 16 + lane / 2;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int token = tg * 8 + 4 * (lane % 2) + i;
-      if (token < a.t && row < a.rows) a.y[token * a.ldy + row] = flat[i];
-    }
+    canon_tile_store(acc, lane, g * RC + rg * 16, tg * 8, a);
   }
 }
 
